@@ -1,0 +1,249 @@
+"""Service configuration: pydantic models loaded once from YAML and passed explicitly.
+
+`load_config(path)` is the only entry point that touches the file system. Every problem is
+raised as `ConfigError` whose message names the file, the field path (``sites[1].pilot.walltime_s``)
+and the offending value, plus the YAML line when it can be found.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+#: Site backends this package knows; `sites[].backend` must be one of these.
+KNOWN_BACKENDS: tuple[str, ...] = ("slurm-cli",)
+
+SITE_NAME_PATTERN = r"^[a-z][a-z0-9_-]*$"
+
+
+class ConfigError(Exception):
+    """The configuration file cannot be used; the message says where and why."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PoolConfig(_Model):
+    collector: str = "127.0.0.1:9618"
+    schedd: str | None = None
+    token_file: str = "/etc/provisioner/tokens.d/provisioner"
+    pilot_token_file: str = "/etc/provisioner/pilot.token"
+    provisioner_id: str = Field(default="prov-1", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class PolicyConfig(_Model):
+    interval_s: float = Field(default=300, gt=0)
+    quick_check_s: float = Field(default=20, gt=0)
+    min_cycle_gap_s: float = Field(default=10, ge=0)
+    idle_release_cycles: int = Field(default=2, ge=1)
+    min_pilot_lifetime_s: float = Field(default=0, ge=0)
+    max_submit_per_cycle: int = Field(default=20, ge=0)
+
+
+class PilotShapeConfig(_Model):
+    cpus: int = Field(gt=0)
+    min_cpus: int = Field(default=1, gt=0)
+    memory_mb: int = Field(gt=0)
+    memory_per_cpu_mb: int = Field(default=2000, gt=0)
+    gpus: int = Field(default=0, ge=0)
+    walltime_s: int = Field(gt=0)
+    shutdown_margin_s: int = Field(default=120, ge=0)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PilotShapeConfig:
+        if self.min_cpus > self.cpus:
+            raise PydanticCustomError(
+                "min_cpus",
+                "min_cpus {value} > cpus {cpus}",
+                {"field": "min_cpus", "value": self.min_cpus, "cpus": self.cpus},
+            )
+        if self.shutdown_margin_s >= self.walltime_s:
+            raise PydanticCustomError(
+                "margin",
+                "shutdown_margin_s {value} must be < walltime_s {walltime}",
+                {"field": "shutdown_margin_s", "value": self.shutdown_margin_s,
+                 "walltime": self.walltime_s},
+            )
+        return self
+
+    @property
+    def usable_s(self) -> int:
+        """Seconds of a fresh pilot during which it takes new work."""
+        return self.walltime_s - self.shutdown_margin_s
+
+
+class CapsConfig(_Model):
+    max_pilots: int = Field(default=10, ge=0)
+    max_pending: int = Field(default=4, ge=0)
+    max_submit_per_cycle: int = Field(default=5, ge=0)
+
+
+class SiteConfig(_Model):
+    name: str = Field(pattern=SITE_NAME_PATTERN)
+    backend: str = "slurm-cli"
+    slurm_conf: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    max_walltime_s: int = Field(gt=0)
+    template: str
+    image: str
+    xcache: str | None = None
+    weight: float = Field(default=1.0, ge=0)
+    pilot: PilotShapeConfig
+    caps: CapsConfig = CapsConfig()
+    keep_warm: int = Field(default=0, ge=0)
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, value: str) -> str:
+        if value not in KNOWN_BACKENDS:
+            raise PydanticCustomError(
+                "backend",
+                "unknown backend '{value}'; known backends: {known}",
+                {"value": value, "known": ", ".join(KNOWN_BACKENDS)},
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _walltime_within_partition(self) -> SiteConfig:
+        if self.pilot.walltime_s > self.max_walltime_s:
+            raise PydanticCustomError(
+                "walltime",
+                "pilot.walltime_s {value} exceeds the partition limit max_walltime_s {limit}",
+                {"field": "pilot.walltime_s", "value": self.pilot.walltime_s,
+                 "limit": self.max_walltime_s},
+            )
+        return self
+
+
+class Config(_Model):
+    pool: PoolConfig = PoolConfig()
+    policy: PolicyConfig = PolicyConfig()
+    sites: tuple[SiteConfig, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_site_names(self) -> Config:
+        seen: dict[str, int] = {}
+        for i, site in enumerate(self.sites):
+            if site.name in seen:
+                raise PydanticCustomError(
+                    "duplicate",
+                    "duplicate site name '{value}' (also sites[{first}].name)",
+                    {"field": f"sites[{i}].name", "value": site.name, "first": seen[site.name]},
+                )
+            seen[site.name] = i
+        return self
+
+    def site(self, name: str) -> SiteConfig:
+        """The site called `name`; KeyError if it is not configured."""
+        for site in self.sites:
+            if site.name == name:
+                return site
+        raise KeyError(name)
+
+    @property
+    def site_names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.sites)
+
+
+def _loc_path(loc: tuple[int | str, ...], sub: str = "") -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    if sub:
+        out += sub if sub.startswith("[") or not out else f".{sub}"
+    return out or "(top level)"
+
+
+def _sub_loc(sub: str) -> list[int | str]:
+    parts: list[int | str] = []
+    for token in sub.replace("[", ".[").split("."):
+        if not token:
+            continue
+        if token.startswith("[") and token.endswith("]"):
+            parts.append(int(token[1:-1]))
+        else:
+            parts.append(token)
+    return parts
+
+
+def _node_line(root: yaml.Node | None, loc: list[int | str]) -> int | None:
+    """1-based line of the YAML node at `loc` (or its deepest existing parent)."""
+    node = root
+    line = None if node is None else node.start_mark.line + 1
+    for part in loc:
+        if isinstance(node, yaml.MappingNode) and isinstance(part, str):
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.value == part:
+                    node, line = value, value.start_mark.line + 1
+                    break
+            else:
+                return line
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
+            if part >= len(node.value):
+                return line
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            return line
+    return line
+
+
+def _iter_errors(
+    exc: ValidationError, source: str, root: yaml.Node | None
+) -> Iterator[str]:
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        ctx: dict[str, Any] = dict(err.get("ctx") or {})
+        sub = str(ctx.get("field", ""))
+        path = _loc_path(loc, sub)
+        full_loc = [*loc, *_sub_loc(sub)]
+        line = _node_line(root, full_loc)
+        where = f"{source}:{line}" if line is not None else source
+        if err["type"] == "missing":
+            yield f"{where}: {path}: field required"
+            continue
+        value = ctx["value"] if "value" in ctx else err.get("input")
+        yield f"{where}: {path}: {err['msg']} (got {value!r})"
+
+
+def parse_config(text: str, source: str = "<string>") -> Config:
+    """Validate YAML text; `source` names it in error messages."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{source}{line}: malformed YAML: {problem}") from exc
+    if data is None:
+        raise ConfigError(f"{source}: empty configuration (need at least 'sites')")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: top level must be a mapping, got {type(data).__name__}")
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        messages = list(_iter_errors(exc, source, root))
+        raise ConfigError("\n".join(messages)) from exc
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    """Read and validate the YAML file at `path`; ConfigError on any problem."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read configuration: {exc.strerror or exc}") from exc
+    return parse_config(text, str(p))
