@@ -1,0 +1,42 @@
+#!/bin/bash
+# Set-up that needs the running daemons: IDTOKENS for each identity, and the
+# pilot Apptainer image (built once per image definition and rootfs, cached).
+set -euo pipefail
+export PATH=/opt/venv/bin:/usr/sbin:/usr/bin:/sbin:/bin
+
+# The collector creates the pool's token signing key on its first start.
+for _ in $(seq 300); do [ -s /etc/condor/passwords.d/POOL ] && break; sleep 0.1; done
+[ -s /etc/condor/passwords.d/POOL ] || { echo "no token signing key" >&2; exit 1; }
+
+token() {  # identity, file, owner, [authz...]
+    local identity=$1 file=$2 owner=$3
+    shift 3
+    local authz=()
+    for a in "$@"; do authz+=(-authz "$a"); done
+    (umask 077 && condor_token_create -identity "$identity" "${authz[@]}" >"$file.tmp")
+    chown "$owner:" "$file.tmp"
+    chmod 0400 "$file.tmp"
+    mv "$file.tmp" "$file"
+}
+# The pool's own daemons, when they call out to pilot startds (claims via CCB).
+token condor@testbed /etc/condor/tokens.d/condor root
+# The provisioner service (runs as root in the testbed): read, drain pilots.
+token provisioner@testbed /etc/provisioner/provisioner.token root
+# Pilots: advertise masters/startds and act as execute nodes, nothing else.
+token pilot@testbed /etc/provisioner/pilot.token pilot \
+    READ ADVERTISE_MASTER ADVERTISE_STARTD DAEMON
+
+# The pilot image.
+key=$(cat /src/images/pilot.def /etc/testbed-rootfs-key 2>/dev/null | sha256sum | cut -c1-12)
+sif=/opt/images/pilot-$key.sif
+if [ ! -s "$sif" ]; then
+    echo "building the pilot image $sif"
+    work=$(runuser -u pilot -- mktemp -d /var/tmp/pilot-image.XXXXXX)
+    runuser -u pilot -- env -C "$work" APPTAINER_TMPDIR="$work" \
+        apptainer -q build "$work/pilot.sif" /src/images/pilot.def
+    mv "$work/pilot.sif" "$sif.tmp"
+    mv "$sif.tmp" "$sif"
+    rm -rf "$work"
+    find /opt/images -name 'pilot-*.sif' ! -name "pilot-$key.sif" -delete
+fi
+ln -sfn "$sif" /opt/images/pilot.sif
