@@ -68,6 +68,8 @@ class Pilot:
     free_memory_mb: int = 0
     claimed_since: float | None = None
     name: str | None = None  # startd Name / Machine in the collector (for drain)
+    gpus: int = 0  # allocation GPUs
+    free_gpus: int = 0  # unclaimed GPUs in the partitionable slot; for PENDING/STARTING = gpus
 
     @property
     def key(self) -> str:

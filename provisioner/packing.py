@@ -1,0 +1,233 @@
+"""Counting bin packing of job shapes into pilot slots (pure).
+
+Bins are kept in *groups* of identical bins (same free resources, same deadline, same
+content), so packing N jobs of one shape into M identical pilots costs O(1), not O(N*M).
+Packing is first-fit over shapes taken in decreasing size order; callers sort the bins
+best-fit-first once, before packing starts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from operator import attrgetter
+
+from provisioner.model import Pilot
+
+INF = math.inf
+_BY_FREE = attrgetter("free_cpus", "free_mem")
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One demand shape as the packer sees it (memory already rounded like the startd)."""
+
+    cpus: int
+    memory_mb: int
+    gpus: int = 0
+    runtime_s: int | None = None
+
+    def per_bin(self, free_cpus: int, free_mem: int, free_gpus: int) -> int:
+        """How many of these jobs fit into the given free resources."""
+        k = free_cpus // self.cpus
+        if self.memory_mb > 0:
+            k = min(k, free_mem // self.memory_mb)
+        if self.gpus > 0:
+            k = min(k, free_gpus // self.gpus)
+        return max(k, 0)
+
+
+@dataclass(slots=True)
+class BinGroup:
+    """`count` identical bins. `members` lists the existing pilots behind them (empty for
+    bins that are new pilots to submit)."""
+
+    free_cpus: int
+    free_mem: int
+    free_gpus: int
+    usable_until: float  # a job with runtime r may start here if now + r <= usable_until
+    count: int
+    members: list[Pilot] = field(default_factory=list)
+    used_cpus: int = 0  # per bin, by jobs packed this cycle
+    used_mem: int = 0
+    used_gpus: int = 0
+    jobs: int = 0  # per bin
+
+    def split(self, n: int) -> BinGroup:
+        """Detach the first `n` bins into a new group (same state) and return it."""
+        head = BinGroup(
+            self.free_cpus, self.free_mem, self.free_gpus, self.usable_until, n,
+            self.members[:n], self.used_cpus, self.used_mem, self.used_gpus, self.jobs,
+        )
+        self.members = self.members[n:]
+        self.count -= n
+        return head
+
+    def add(self, item: Item, k: int) -> None:
+        """Put `k` jobs of `item` into every bin of this group."""
+        self.free_cpus -= k * item.cpus
+        self.free_mem -= k * item.memory_mb
+        self.free_gpus -= k * item.gpus
+        self.used_cpus += k * item.cpus
+        self.used_mem += k * item.memory_mb
+        self.used_gpus += k * item.gpus
+        self.jobs += k
+
+
+class BinList:
+    """A list of bin groups with cheap upper bounds on what any of them can hold.
+
+    With `by_free` the groups are kept sorted by free cpus (then memory), largest first, so a
+    scan stops at the first group with too few cpus; otherwise they are scanned in insertion
+    order (first fit). `registry` receives every group ever created (including split-off
+    heads and pruned groups), so the caller can afterwards find which pilots received jobs.
+    """
+
+    def __init__(
+        self, groups: list[BinGroup], registry: list[BinGroup], by_free: bool = False
+    ) -> None:
+        self.groups = groups
+        self.registry = registry
+        self.by_free = by_free
+        if by_free:
+            groups.sort(key=_BY_FREE, reverse=True)
+        registry.extend(groups)
+        # (cpus, mem, gpus, deadline) of items that found no room in a full scan
+        self.failed: list[tuple[int, int, int, float]] = []
+        self._refresh_bounds()
+
+    def _refresh_bounds(self) -> None:
+        groups = self.groups
+        self.max_cpus = max((g.free_cpus for g in groups), default=0)
+        self.max_mem = max((g.free_mem for g in groups), default=0)
+        self.max_gpus = max((g.free_gpus for g in groups), default=0)
+        self.max_until = max((g.usable_until for g in groups), default=-INF)
+
+    def may_fit(self, item: Item, deadline: float) -> bool:
+        """False only if no group can hold one job of `item` (groups only ever shrink)."""
+        c, m, gp = item.cpus, item.memory_mb, item.gpus
+        if c > self.max_cpus or m > self.max_mem or gp > self.max_gpus:
+            return False
+        if deadline > self.max_until:
+            return False
+        return not any(
+            c >= f[0] and m >= f[1] and gp >= f[2] and deadline >= f[3] for f in self.failed
+        )
+
+    def fill(self, item: Item, n: int, deadline: float, floor: Item | None = None) -> int:
+        """First-fit `n` jobs of `item` into the groups; return how many were placed.
+
+        `deadline` is the earliest usable_until a bin must have (now + runtime, or now).
+        Groups that can no longer hold `floor` (the smallest remaining item) are pruned.
+        """
+        if n <= 0 or not self.may_fit(item, deadline):
+            return 0
+        placed = 0
+        groups = self.groups
+        c, m, gp = item.cpus, item.memory_mb, item.gpus
+        fc, fm = (floor.cpus, floor.memory_mb) if floor is not None else (1, 0)
+        i = 0
+        while i < len(groups) and n > 0:
+            g = groups[i]
+            if g.free_cpus < fc or g.free_mem < fm:
+                del groups[i]
+                continue
+            if g.free_cpus < c and self.by_free:
+                break
+            if (
+                g.free_cpus < c
+                or g.free_mem < m
+                or g.free_gpus < gp
+                or g.usable_until < deadline
+            ):
+                i += 1
+                continue
+            k = item.per_bin(g.free_cpus, g.free_mem, g.free_gpus)
+            if n >= k * g.count:
+                g.add(item, k)
+                placed += k * g.count
+                n -= k * g.count
+                i += 1
+                continue
+            full, rest = divmod(n, k)
+            if full:
+                head = g.split(full)
+                head.add(item, k)
+                self.registry.append(head)
+                groups.insert(i, head)
+                i += 1
+            if rest:
+                head = g.split(1)
+                head.add(item, rest)
+                self.registry.append(head)
+                groups.insert(i, head)
+                i += 1
+            placed += n
+            n = 0
+        if placed and self.by_free:
+            groups.sort(key=_BY_FREE, reverse=True)
+        if n > 0:
+            # Every group that could hold this item was seen: tighten the bounds.
+            if self.by_free:
+                self.max_cpus = groups[0].free_cpus if groups else 0
+            else:
+                self._refresh_bounds()
+            if placed == 0:
+                # keep only the minimal failures: a smaller failure implies the larger ones
+                self.failed = [
+                    f for f in self.failed
+                    if not (f[0] >= c and f[1] >= m and f[2] >= gp and f[3] >= deadline)
+                ]
+                self.failed.append((c, m, gp, deadline))
+        return placed
+
+
+@dataclass
+class NewPilots:
+    """New pilots of one site: bins of the site's largest pilot shape, at most `allowed`."""
+
+    cpus: int
+    memory_mb: int
+    gpus: int
+    usable_s: float
+    allowed: int
+    registry: list[BinGroup] = field(default_factory=list)
+    open: BinList = field(init=False)
+    opened: int = 0
+
+    def __post_init__(self) -> None:
+        self.open = BinList([], self.registry)
+
+    def fill(self, item: Item, n: int, runtime_ok: bool) -> int:
+        """Place up to `n` jobs: first into pilots opened this cycle, then into new ones."""
+        if not runtime_ok or n <= 0:
+            return 0
+        placed = self.open.fill(item, n, 0.0)
+        n -= placed
+        k = item.per_bin(self.cpus, self.memory_mb, self.gpus)
+        if n <= 0 or k == 0:
+            return placed
+        left = self.allowed - self.opened
+        if left <= 0:
+            return placed
+        full = min(n // k, left)
+        new: list[BinGroup] = []
+        if full:
+            g = BinGroup(self.cpus, self.memory_mb, self.gpus, INF, full)
+            g.add(item, k)
+            new.append(g)
+            n -= full * k
+            placed += full * k
+            left -= full
+        if n > 0 and left > 0:
+            g = BinGroup(self.cpus, self.memory_mb, self.gpus, INF, 1)
+            g.add(item, n)
+            new.append(g)
+            placed += n
+            n = 0
+        for g in new:
+            self.opened += g.count
+            self.open.groups.append(g)
+            self.registry.append(g)
+        self.open._refresh_bounds()
+        return placed

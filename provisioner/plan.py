@@ -1,0 +1,381 @@
+"""The decision core: `plan(snapshot, config, now) -> Plan`. Pure: no I/O, no clock.
+
+One cycle:
+
+1. Match every demand shape to the sites whose largest pilot can run it (cpus, memory rounded
+   like the startd, gpus, stated runtime vs. usable walltime, DesiredSites). Shapes no site
+   can run are reported as `Unmatchable` and never cause a pilot.
+2. Pack the matchable demand (by counts, first-fit-decreasing) into capacity that exists:
+   free resources of BUSY then IDLE pilots that can still take work, then the whole shape of
+   STARTING and PENDING pilots.
+3. Pack what is left into new pilots, site by site in decreasing weight, each site limited by
+   its caps and the global per-cycle cap; what a capped or unknown site cannot take spills to
+   the next. New pilots are sized down to what they hold (between min_cpus and cpus).
+4. Pilots: IDLE without assigned demand are flagged, and released once observed idle for
+   `idle_release_cycles` consecutive cycles (minimum lifetime and keep_warm permitting);
+   flagged pilots that are busy again or received demand are unflagged; PENDING pilots
+   without assigned demand are cancelled (keep_warm permitting).
+
+If the pool is unknown nothing happens; at an unknown site nothing happens, but its pilots'
+capacity still counts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from provisioner.config import Config, SiteConfig
+from provisioner.model import (
+    Action,
+    Cancel,
+    Demand,
+    Flag,
+    JobShape,
+    Pilot,
+    PilotState,
+    Plan,
+    Release,
+    SiteSummary,
+    Snapshot,
+    Submit,
+    Unflag,
+    Unmatchable,
+    round_memory,
+)
+from provisioner.packing import INF, BinGroup, BinList, Item, NewPilots
+
+# Existing capacity is used in this order: fill pilots already working first, so idle ones
+# can be released and pending ones cancelled.
+_TIERS: tuple[PilotState, ...] = (
+    PilotState.BUSY,
+    PilotState.IDLE,
+    PilotState.STARTING,
+    PilotState.PENDING,
+)
+_ALIVE = frozenset(_TIERS)
+
+
+def item_of(shape: JobShape) -> Item:
+    """The packer's view of a shape: at least one cpu, memory rounded like the startd."""
+    return Item(
+        cpus=max(1, shape.cpus),
+        memory_mb=round_memory(shape.memory_mb),
+        gpus=max(0, shape.gpus),
+        runtime_s=shape.runtime_s,
+    )
+
+
+def site_rejects(shape: JobShape, site: SiteConfig) -> str:
+    """Why `site`'s largest pilot cannot run `shape`, or "" if it can."""
+    if shape.desired_sites and site.name not in shape.desired_sites:
+        return f"DesiredSites {','.join(shape.desired_sites)} excludes {site.name}"
+    p = site.pilot
+    item = item_of(shape)
+    if item.cpus > p.cpus:
+        return f"RequestCpus {item.cpus} > {site.name} pilot {p.cpus} cores"
+    if item.memory_mb > p.memory_mb:
+        return f"RequestMemory {shape.memory_mb} MB > {site.name} pilot {p.memory_mb} MB"
+    if item.gpus > p.gpus:
+        return f"RequestGPUs {item.gpus} > {site.name} pilot {p.gpus} GPUs"
+    if shape.runtime_s is not None and shape.runtime_s > p.usable_s:
+        return (
+            f"runtime {shape.runtime_s} s > {site.name} usable pilot walltime {p.usable_s} s"
+        )
+    return ""
+
+
+def unmatchable_reason(shape: JobShape, sites: Sequence[SiteConfig]) -> str:
+    """One readable reason naming the field and the numbers, for a shape no site can run."""
+    if shape.desired_sites:
+        known = [s for s in sites if s.name in shape.desired_sites]
+        if not known:
+            return f"DesiredSites {','.join(shape.desired_sites)} names no configured site"
+        sites = known
+    item = item_of(shape)
+    checks = (
+        ("RequestCpus", item.cpus, max(s.pilot.cpus for s in sites), "cores"),
+        ("RequestMemory", shape.memory_mb, max(s.pilot.memory_mb for s in sites), "MB"),
+        ("RequestGPUs", item.gpus, max(s.pilot.gpus for s in sites), "GPUs"),
+    )
+    for what, asked, largest, unit in checks:
+        if (item.memory_mb if what == "RequestMemory" else asked) > largest:
+            return f"{what} {asked} {unit} > largest pilot {largest} {unit}"
+    if shape.runtime_s is not None:
+        longest = max(s.pilot.usable_s for s in sites)
+        if shape.runtime_s > longest:
+            return f"runtime {shape.runtime_s} s > longest usable pilot walltime {longest} s"
+    return "no single site fits: " + "; ".join(site_rejects(shape, s) for s in sites)
+
+
+def _usable_until(p: Pilot, site: SiteConfig, now: float) -> float:
+    """Latest time a job may end on pilot `p` (walltime end minus the shutdown margin)."""
+    margin = site.pilot.shutdown_margin_s
+    if p.state is PilotState.PENDING:
+        return INF  # gets a full walltime when it starts; runtime fit was checked per site
+    end = p.walltime_end
+    if end is None:
+        start = p.started_at if p.started_at is not None else now
+        end = start + site.pilot.walltime_s
+    return end - margin
+
+
+def _existing_bins(
+    pilots: Iterable[Pilot], config: Config, now: float, registry: list[BinGroup]
+) -> dict[str, list[BinList]]:
+    """Capacity that exists, as identical-bin groups per site, one list per tier in order."""
+    raw: dict[tuple[str, int], dict[tuple[int, int, int, float], list[Pilot]]] = (
+        defaultdict(lambda: defaultdict(list))
+    )
+    by_name = {s.name: s for s in config.sites}
+    tier_of = {state: i for i, state in enumerate(_TIERS)}
+    for p in pilots:
+        site = by_name.get(p.site)
+        if site is None or p.state not in _ALIVE:
+            continue
+        until = _usable_until(p, site, now)
+        if until <= now:
+            continue  # within the shutdown margin: not capacity any more
+        if p.state in (PilotState.PENDING, PilotState.STARTING):
+            free = (p.cpus, p.memory_mb, p.gpus)
+        else:
+            free = (p.free_cpus, p.free_memory_mb, p.free_gpus)
+        if free[0] <= 0:
+            continue
+        raw[(p.site, tier_of[p.state])][(*free, until)].append(p)
+    out: dict[str, list[BinList]] = defaultdict(list)
+    for (site_name, _tier), by_free in sorted(raw.items()):
+        groups = [
+            BinGroup(c, m, g, until, len(members), members)
+            for (c, m, g, until), members in by_free.items()
+        ]
+        out[site_name].append(BinList(groups, registry, by_free=True))
+    return out
+
+
+@dataclass
+class _SiteCounts:
+    alive: int = 0  # non-ENDING pilots (what max_pilots counts)
+    pending: int = 0
+
+
+def _site_counts(pilots: Iterable[Pilot]) -> dict[str, _SiteCounts]:
+    counts: dict[str, _SiteCounts] = defaultdict(_SiteCounts)
+    for p in pilots:
+        c = counts[p.site]
+        if p.state is not PilotState.ENDING:
+            c.alive += 1
+        if p.state is PilotState.PENDING:
+            c.pending += 1
+    return counts
+
+
+def _size_new_pilot(site: SiteConfig, used_cpus: int, used_mem: int) -> tuple[int, int]:
+    """(cpus, memory_mb) of a new pilot holding the given jobs."""
+    p = site.pilot
+    cpus = min(p.cpus, max(p.min_cpus, used_cpus))
+    memory = min(p.memory_mb, max(p.memory_per_cpu_mb * cpus, used_mem))
+    return cpus, memory
+
+
+def plan(snapshot: Snapshot, config: Config, now: float) -> Plan:
+    """Decide this cycle's actions. Pure; `now` is the cycle's time (epoch seconds)."""
+    if not snapshot.pool_known:
+        return Plan(actions=())
+
+    sites = sorted(config.sites, key=lambda s: (-s.weight, s.name))
+    known = {v.name: v.known for v in snapshot.sites}
+    site_ok = {s.name: known.get(s.name, False) for s in sites}
+
+    # 1. match demand to sites
+    unmatchable: list[Unmatchable] = []
+    rows: list[tuple[Item, JobShape, int, list[str]]] = []
+    merged: Counter[JobShape] = Counter()
+    for d in snapshot.demand:
+        if d.idle > 0:
+            merged[d.shape] += d.idle
+    for shape, idle in merged.items():
+        fits = [s.name for s in sites if not site_rejects(shape, s)]
+        if not fits:
+            unmatchable.append(Unmatchable(shape, idle, unmatchable_reason(shape, sites)))
+            continue
+        rows.append((item_of(shape), shape, idle, fits))
+    rows.sort(key=lambda r: (r[0].cpus, r[0].memory_mb, r[0].gpus), reverse=True)
+    floor = Item(
+        cpus=min((r[0].cpus for r in rows), default=1),
+        memory_mb=min((r[0].memory_mb for r in rows), default=0),
+        gpus=0,
+    )
+
+    # 2. existing capacity
+    registry: list[BinGroup] = []
+    existing = _existing_bins(snapshot.pilots, config, now, registry)
+    left = [r[2] for r in rows]
+    absorbed: Counter[str] = Counter()
+    for i, (item, _shape, _idle, fits) in enumerate(rows):
+        deadline = now + (item.runtime_s or 0)
+        for site_name in fits:
+            for bins in existing.get(site_name, ()):
+                got = bins.fill(item, left[i], deadline, floor)
+                if got:
+                    left[i] -= got
+                    absorbed[site_name] += got
+                    if left[i] == 0:
+                        break
+            if left[i] == 0:
+                break
+
+    # 3. new pilots, by site weight, within caps
+    counts = _site_counts(snapshot.pilots)
+    global_left = config.policy.max_submit_per_cycle
+    actions: list[Action] = []
+    summaries: list[SiteSummary] = []
+    for site in sites:
+        c = counts[site.name]
+        room = {
+            "max_pilots": site.caps.max_pilots - c.alive,
+            "max_pending": site.caps.max_pending - c.pending,
+            "site max_submit_per_cycle": site.caps.max_submit_per_cycle,
+            "policy max_submit_per_cycle": global_left,
+        }
+        allowed = max(0, min(room.values())) if site_ok[site.name] else 0
+        new = NewPilots(
+            site.pilot.cpus, site.pilot.memory_mb, site.pilot.gpus,
+            site.pilot.usable_s, allowed,
+        )
+        site_jobs = site_cpus = 0
+        for i, (item, _shape, _idle, fits) in enumerate(rows):
+            if left[i] and site.name in fits:
+                site_jobs += left[i]
+                site_cpus += left[i] * item.cpus
+                left[i] -= new.fill(item, left[i], True)
+        shapes: Counter[tuple[int, int]] = Counter()
+        jobs_new = 0
+        for g in new.registry:
+            if g.count > 0 and g.jobs > 0:
+                shapes[_size_new_pilot(site, g.used_cpus, g.used_mem)] += g.count
+                jobs_new += g.jobs * g.count
+        n_new = sum(shapes.values())
+        global_left -= n_new
+        for (cpus, mem), n in sorted(shapes.items(), reverse=True):
+            actions.append(Submit(
+                site=site.name, count=n, cpus=cpus, memory_mb=mem,
+                walltime_s=site.pilot.walltime_s,
+                reason=f"{jobs_new} idle jobs need {n_new} new pilots at {site.name}",
+            ))
+        capped = ""
+        if any(left[i] and site.name in r[3] for i, r in enumerate(rows)):
+            capped = min(room, key=lambda k: room[k]) if site_ok[site.name] else "site unknown"
+        summaries.append(SiteSummary(
+            site=site.name, demand_jobs=site_jobs + absorbed[site.name],
+            demand_cpus=site_cpus, existing_jobs=absorbed[site.name],
+            new_pilot_jobs=jobs_new, new_pilots=n_new,
+            new_cpus=sum(cp * n for (cp, _m), n in shapes.items()), capped=capped,
+        ))
+
+    # 4. existing pilots: flag / unflag / release / cancel
+    used = {p.key for g in registry if g.jobs > 0 for p in g.members}
+    actions.extend(_pilot_actions(snapshot, config, now, used, site_ok))
+    return Plan(
+        actions=tuple(actions),
+        unmatchable=tuple(unmatchable),
+        summary=tuple(summaries),
+        unplaced_jobs=sum(left),
+    )
+
+
+def _idle_observations(snapshot: Snapshot, p: Pilot, now: float) -> int:
+    """How many consecutive cycles `p` has been seen idle, this one included."""
+    before = snapshot.idle_cycles.get(p.key, 0)
+    flagged_at = snapshot.flagged.get(p.key)
+    if flagged_at is not None and flagged_at < now:
+        before = max(before, 1)
+    return before + 1
+
+
+def _pilot_actions(
+    snapshot: Snapshot, config: Config, now: float, used: set[str], site_ok: dict[str, bool]
+) -> list[Action]:
+    out: list[Action] = []
+    by_site: dict[str, list[Pilot]] = defaultdict(list)
+    for p in snapshot.pilots:
+        if site_ok.get(p.site, False):
+            by_site[p.site].append(p)
+    n_release = config.policy.idle_release_cycles
+    for site_name, pilots in sorted(by_site.items()):
+        site = config.site(site_name)
+        warm = sum(1 for p in pilots if p.state in _ALIVE)
+        cancels: list[Pilot] = []
+        releases: list[Pilot] = []
+        for p in pilots:
+            flagged = p.key in snapshot.flagged
+            if p.state is PilotState.BUSY:
+                if flagged:
+                    out.append(Unflag(p, "busy again"))
+            elif p.state is PilotState.IDLE:
+                if p.key in used:
+                    if flagged:
+                        out.append(Unflag(p, "idle demand will use it"))
+                elif _idle_observations(snapshot, p, now) >= n_release:
+                    releases.append(p)
+                elif not flagged:
+                    out.append(Flag(p, "idle, no demand for it"))
+            elif p.state is PilotState.PENDING and p.key not in used:
+                cancels.append(p)
+        for p in sorted(cancels, key=lambda p: (-p.submitted_at, p.job_id)):
+            if warm > site.keep_warm:
+                out.append(Cancel(p, "pending, no demand for it"))
+                warm -= 1
+        releases.sort(key=lambda p: (p.walltime_end or math.inf, p.job_id))
+        for p in releases:
+            age = now - (p.started_at if p.started_at is not None else p.submitted_at)
+            if age >= config.policy.min_pilot_lifetime_s and warm > site.keep_warm:
+                out.append(Release(p, f"idle for {n_release} cycles, no demand for it"))
+                warm -= 1
+            elif p.key not in snapshot.flagged:
+                out.append(Flag(p, "idle, no demand for it (kept: lifetime/keep_warm)"))
+    return out
+
+
+def carry_over(
+    snapshot: Snapshot, result: Plan, now: float
+) -> tuple[dict[str, float], dict[str, int]]:
+    """The `flagged` and `idle_cycles` maps for the next cycle's Snapshot.
+
+    Flags set this cycle are stamped `now`; unflagged, released, cancelled and vanished
+    pilots drop out; pilots at unknown sites keep what they had. Pure helper for the service
+    (and the simulator), so hysteresis state lives in one place.
+    """
+    if not snapshot.pool_known:
+        return dict(snapshot.flagged), dict(snapshot.idle_cycles)
+    known = {v.name for v in snapshot.sites if v.known}
+    flagged = dict(snapshot.flagged)
+    idle_cycles: dict[str, int] = {}
+    present = {p.key: p for p in snapshot.pilots}
+    for key in list(flagged):
+        if key not in present:
+            del flagged[key]
+    dropped: set[str] = set()
+    for a in result.actions:
+        if isinstance(a, Flag):
+            flagged[a.pilot.key] = now
+        elif isinstance(a, (Unflag, Release, Cancel)):
+            flagged.pop(a.pilot.key, None)
+            dropped.add(a.pilot.key)
+    for key, p in present.items():
+        if p.site not in known:
+            if key in snapshot.idle_cycles:
+                idle_cycles[key] = snapshot.idle_cycles[key]
+        elif p.state is PilotState.IDLE and key not in dropped and key in flagged:
+            idle_cycles[key] = _idle_observations(snapshot, p, now)
+    return flagged, idle_cycles
+
+
+def demand_of(shapes: Iterable[tuple[JobShape, int]]) -> tuple[Demand, ...]:
+    """Convenience: Demand rows from (shape, idle) pairs, merging equal shapes."""
+    merged: Counter[JobShape] = Counter()
+    for shape, n in shapes:
+        merged[shape] += n
+    return tuple(Demand(s, n) for s, n in merged.items() if n > 0)
