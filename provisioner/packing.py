@@ -45,7 +45,7 @@ class BinGroup:
     free_cpus: int
     free_mem: int
     free_gpus: int
-    usable_until: float  # a job with runtime r may start here if now + r <= usable_until
+    usable_until: float  # walltime end: a job with runtime r may start if now + r <= this
     count: int
     members: list[Pilot] = field(default_factory=list)
     used_cpus: int = 0  # per bin, by jobs packed this cycle

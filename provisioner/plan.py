@@ -110,16 +110,18 @@ def unmatchable_reason(shape: JobShape, sites: Sequence[SiteConfig]) -> str:
     return "no single site fits: " + "; ".join(site_rejects(shape, s) for s in sites)
 
 
-def _usable_until(p: Pilot, site: SiteConfig, now: float) -> float:
-    """Latest time a job may end on pilot `p` (walltime end minus the shutdown margin)."""
-    margin = site.pilot.shutdown_margin_s
+def _deadline(p: Pilot, site: SiteConfig, now: float) -> float | None:
+    """When SLURM ends pilot `p` (INF while pending), or None if `p` takes no new work:
+    within the shutdown margin of its end, the pilot stops starting jobs."""
     if p.state is PilotState.PENDING:
         return INF  # gets a full walltime when it starts; runtime fit was checked per site
     end = p.walltime_end
     if end is None:
         start = p.started_at if p.started_at is not None else now
         end = start + site.pilot.walltime_s
-    return end - margin
+    if end - site.pilot.shutdown_margin_s <= now:
+        return None
+    return end
 
 
 def _existing_bins(
@@ -135,8 +137,8 @@ def _existing_bins(
         site = by_name.get(p.site)
         if site is None or p.state not in _ALIVE:
             continue
-        until = _usable_until(p, site, now)
-        if until <= now:
+        until = _deadline(p, site, now)
+        if until is None:
             continue  # within the shutdown margin: not capacity any more
         if p.state in (PilotState.PENDING, PilotState.STARTING):
             free = (p.cpus, p.memory_mb, p.gpus)

@@ -1,0 +1,54 @@
+"""When to run a full cycle (pure): the interval is the ceiling, not the floor.
+
+The service (and the simulator) run a cheap probe every `policy.quick_check_s` seconds: the
+number of idle jobs (one schedd count) and the set of idle pilots (one collector query).
+`cycle_due()` turns the probe into a decision, rate-limited by `policy.min_cycle_gap_s`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from provisioner.config import PolicyConfig
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What the cheap check sees."""
+
+    idle_jobs: int
+    idle_pilots: frozenset[str] = frozenset()  # pilot keys without claimed resources
+
+
+@dataclass(frozen=True)
+class CycleMark:
+    """What the last full cycle saw and left behind."""
+
+    at: float
+    idle_jobs: int
+    idle_pilots: frozenset[str] = frozenset()
+    flagged: int = 0  # pilots left flagged (waiting for their next idle observation)
+
+
+def cycle_due(now: float, probe: Probe, last: CycleMark | None, policy: PolicyConfig) -> str:
+    """The reason a full cycle is due now, or "" if not.
+
+    Due when: there was no cycle yet; the interval has passed; or, at least
+    `min_cycle_gap_s` after the last cycle, demand rose (more idle jobs), a pilot became
+    idle that the last cycle did not see idle, or flagged pilots await confirmation and
+    `quick_check_s` has passed (so hysteresis costs seconds, not a full interval).
+    """
+    if last is None:
+        return "first cycle"
+    since = now - last.at
+    if since >= policy.interval_s:
+        return "interval"
+    if since < policy.min_cycle_gap_s:
+        return ""
+    if probe.idle_jobs > last.idle_jobs:
+        return "idle jobs rose"
+    if probe.idle_pilots - last.idle_pilots:
+        return "pilot became idle"
+    if last.flagged and since >= policy.quick_check_s:
+        return "confirm flagged pilots"
+    return ""

@@ -1,0 +1,144 @@
+"""Pilot policies for the simulator: ours (`plan()`), and the two baselines sites use today.
+
+- `PlanPolicy`: the service's decision core. A cheap probe every `quick_check_s` decides
+  (`provisioner.cadence.cycle_due`) whether a full cycle runs; the cycle calls the same
+  `plan()` and carries the flag state over with `carry_over()` exactly as the service does.
+- `PrototypePolicy`: the original loop. Every 300 s: if any job is idle, submit one
+  whole-node pilot at the first site (by weight) below its pilot cap; idle pilots are flagged,
+  and released in the next cycle if still idle.
+- `CobaldPolicy`: a COBalD `LinearController` per site over a TARDIS-style pool of
+  whole-node drones: every `tick_s`, demand += rate*tick if allocation > high_allocation,
+  demand -= rate*tick if utilisation < low_utilisation; drones are spawned or drained to
+  follow int(demand), between 0 and the site's pilot cap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from provisioner.cadence import CycleMark, Probe, cycle_due
+from provisioner.config import Config
+from provisioner.model import Action, PilotState, Release, Submit
+from provisioner.plan import carry_over, plan
+from provisioner.sim.world import SimPilot, SiteModel, World
+
+
+class PlanPolicy:
+    """Ours: `plan()` with early cycles on demand rise, new idle pilots, pending flags."""
+
+    def __init__(self, config: Config, name: str = "ours") -> None:
+        self.name = name
+        self.config = config
+        self.tick_s = config.policy.quick_check_s
+        self.last: CycleMark | None = None
+        self.flagged: dict[str, float] = {}
+        self.idle_cycles: dict[str, int] = {}
+        self.cycles = 0
+
+    def tick(self, world: World, now: float) -> list[Action]:
+        idle_pilots = frozenset(
+            p.key for p in world.pilots.values() if p.booted and not p.draining and not p.jobs
+        )
+        probe = Probe(world.idle_jobs(), idle_pilots)
+        if not cycle_due(now, probe, self.last, self.config.policy):
+            return []
+        snap = world.snapshot(self.flagged, self.idle_cycles)
+        result = plan(snap, self.config, now)
+        self.flagged, self.idle_cycles = carry_over(snap, result, now)
+        self.last = CycleMark(now, probe.idle_jobs, idle_pilots, len(self.flagged))
+        self.cycles += 1
+        return list(result.actions)
+
+
+def _whole_node(site: SiteModel, count: int = 1) -> Submit:
+    return Submit(site.name, count, site.cores_per_node, site.mem_per_node_mb,
+                  site.config.pilot.walltime_s, reason="whole node")
+
+
+def _sites_by_weight(world: World) -> list[SiteModel]:
+    return sorted(world.sites.values(), key=lambda s: (-s.config.weight, s.name))
+
+
+@dataclass
+class PrototypePolicy:
+    """One whole-node pilot per cycle while jobs wait; flag idle, release next cycle."""
+
+    name: str = "prototype"
+    tick_s: float = 300.0
+    flagged: set[str] = field(default_factory=set)
+
+    def tick(self, world: World, now: float) -> list[Action]:
+        snap = world.snapshot()
+        actions: list[Action] = []
+        if sum(d.idle for d in snap.demand) > 0:
+            for site in _sites_by_weight(world):
+                alive = sum(1 for p in snap.pilots if p.site == site.name)
+                if alive < site.config.caps.max_pilots:
+                    actions.append(_whole_node(site))
+                    break
+        flagged: set[str] = set()
+        for p in snap.pilots:
+            if p.state is PilotState.IDLE:
+                if p.key in self.flagged:
+                    actions.append(Release(p, "idle two cycles"))
+                else:
+                    flagged.add(p.key)
+        self.flagged = flagged
+        return actions
+
+
+@dataclass
+class _Controller:
+    demand: float = 0.0
+
+
+@dataclass
+class CobaldPolicy:
+    """COBalD LinearController per site on a TARDIS-style pool of whole-node drones."""
+
+    name: str = "cobald"
+    tick_s: float = 10.0
+    low_utilisation: float = 0.5
+    high_allocation: float = 0.9
+    rate: float = 0.1  # drones per second of regulation interval (1 drone per 10 s tick)
+    controllers: dict[str, _Controller] = field(default_factory=dict)
+
+    def _pool(self, world: World, site: SiteModel) -> list[SimPilot]:
+        return [p for p in world.pilots.values() if p.site is site and not p.draining]
+
+    def tick(self, world: World, now: float) -> list[Action]:
+        actions: list[Action] = []
+        jobs_waiting = bool(world.queue)
+        for site in _sites_by_weight(world):
+            ctl = self.controllers.setdefault(site.name, _Controller())
+            drones = self._pool(world, site)
+            booted = [p for p in drones if p.booted]
+            if booted:
+                per_drone = [
+                    (p.used_cpus / p.cpus, p.used_mem / p.memory_mb) for p in booted
+                ]
+                utilisation = sum(min(c, m) for c, m in per_drone) / len(booted)
+                allocation = sum(max(c, m) for c, m in per_drone) / len(booted)
+            elif drones:
+                continue  # only booting drones: nothing to regulate on yet
+            else:
+                # An empty pool reports nothing; start it when jobs wait (generous to COBalD).
+                utilisation = allocation = 1.0 if jobs_waiting else 0.0
+            if utilisation < self.low_utilisation:
+                ctl.demand -= self.rate * self.tick_s
+            elif allocation > self.high_allocation:
+                ctl.demand += self.rate * self.tick_s
+            ctl.demand = min(max(ctl.demand, 0.0), float(site.config.caps.max_pilots))
+            target = int(ctl.demand)
+            if target > len(drones):
+                actions.append(_whole_node(site, target - len(drones)))
+            elif target < len(drones):
+                # drain the least useful first: pending, booting, idle, least utilised
+                def order(p: SimPilot) -> tuple[int, float]:
+                    state = world.pilot_state(p)
+                    rank = {PilotState.PENDING: 0, PilotState.STARTING: 1,
+                            PilotState.IDLE: 2}.get(state, 3)
+                    return rank, p.used_cpus / p.cpus
+                for p in sorted(drones, key=order)[: len(drones) - target]:
+                    actions.append(Release(world.model_pilot(p), "demand decreased"))
+        return actions

@@ -1,0 +1,125 @@
+"""Seeded job arrival traces for the simulator.
+
+Runtimes follow a clipped gaussian (mean 1 h, sd 15 min) like STAR reconstruction tasks; a
+share of the jobs state their runtime (as +MaxRuntime), rounded up with some headroom.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from provisioner.model import JobShape
+
+HOUR = 3600.0
+DAY = 86400.0
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job of a trace: when it is submitted, what it asks for, how long it really runs."""
+
+    id: int
+    submit: float
+    shape: JobShape
+    runtime: float  # true runtime (s); the job states shape.runtime_s (an upper bound) or not
+
+
+@dataclass(frozen=True)
+class RuntimeModel:
+    mean_s: float = HOUR
+    sd_s: float = 15 * 60
+    min_s: float = 10 * 60
+    max_s: float = 2 * HOUR
+    stated_share: float = 0.3  # share of jobs that state a runtime
+    stated_headroom: float = 1.25  # stated = true * headroom, rounded up to 5 min
+
+    def draw(self, rng: random.Random) -> tuple[float, int | None]:
+        true = min(self.max_s, max(self.min_s, rng.gauss(self.mean_s, self.sd_s)))
+        stated = None
+        if rng.random() < self.stated_share:
+            stated = int(math.ceil(min(true * self.stated_headroom, self.max_s) / 300) * 300)
+        return true, stated
+
+
+ShapeDraw = Callable[[random.Random], tuple[int, int]]
+
+
+def one_core(rng: random.Random) -> tuple[int, int]:
+    return 1, rng.choice((1500, 2000, 2000, 3000))
+
+
+def mixed_shapes(rng: random.Random) -> tuple[int, int]:
+    """1/2/4/8-core jobs with various memory; about 5 % ask for 2 TB (unmatchable)."""
+    if rng.random() < 0.05:
+        return 1, 2_000_000
+    cpus = rng.choices((1, 2, 4, 8), weights=(50, 25, 15, 10))[0]
+    return cpus, cpus * rng.choice((1000, 1800, 2500, 3500))
+
+
+def _jobs(
+    times: list[float], rng: random.Random, shapes: ShapeDraw, runtimes: RuntimeModel
+) -> list[JobSpec]:
+    out = []
+    for i, t in enumerate(sorted(times)):
+        cpus, mem = shapes(rng)
+        true, stated = runtimes.draw(rng)
+        out.append(JobSpec(i, t, JobShape(cpus, mem, runtime_s=stated), true))
+    return out
+
+
+def steady(seed: int, duration: float = 2 * DAY, rate_per_h: float = 240,
+           shapes: ShapeDraw = one_core, runtimes: RuntimeModel = RuntimeModel()) -> list[JobSpec]:
+    """Poisson arrivals at a constant rate."""
+    rng = random.Random(seed)
+    times, t = [], rng.expovariate(rate_per_h / HOUR)
+    while t < duration:
+        times.append(t)
+        t += rng.expovariate(rate_per_h / HOUR)
+    return _jobs(times, rng, shapes, runtimes)
+
+
+def bursty(seed: int, duration: float = 2 * DAY, every: float = 8 * HOUR,
+           burst_jobs: int = 1200, burst_span: float = 600.0,
+           shapes: ShapeDraw = one_core, runtimes: RuntimeModel = RuntimeModel()) -> list[JobSpec]:
+    """Campaigns: `burst_jobs` submitted within `burst_span` seconds every `every`, then quiet."""
+    rng = random.Random(seed)
+    times = []
+    start = 600.0
+    while start < duration:
+        n = int(burst_jobs * rng.uniform(0.6, 1.4))
+        times.extend(start + rng.uniform(0, burst_span) for _ in range(n))
+        start += every * rng.uniform(0.8, 1.2)
+    return _jobs([t for t in times if t < duration], rng, shapes, runtimes)
+
+
+def diurnal(seed: int, duration: float = 2 * DAY, mean_per_h: float = 240,
+            amplitude: float = 0.8, shapes: ShapeDraw = one_core,
+            runtimes: RuntimeModel = RuntimeModel()) -> list[JobSpec]:
+    """Poisson arrivals with a sinusoidal daily rate (thinning)."""
+    rng = random.Random(seed)
+    peak = mean_per_h * (1 + amplitude) / HOUR
+    times, t = [], 0.0
+    while True:
+        t += rng.expovariate(peak)
+        if t >= duration:
+            break
+        rate = mean_per_h * (1 + amplitude * math.sin(2 * math.pi * t / DAY)) / HOUR
+        if rng.random() < rate / peak:
+            times.append(t)
+    return _jobs(times, rng, shapes, runtimes)
+
+
+def mixed(seed: int, duration: float = 2 * DAY, rate_per_h: float = 120) -> list[JobSpec]:
+    """Steady arrivals of mixed 1/2/4/8-core shapes, ~5 % unmatchable (2 TB memory)."""
+    return steady(seed, duration, rate_per_h, shapes=mixed_shapes)
+
+
+TRACES: dict[str, Callable[[int], list[JobSpec]]] = {
+    "steady": steady,
+    "bursty": bursty,
+    "diurnal": diurnal,
+    "mixed": mixed,
+}

@@ -1,0 +1,475 @@
+"""Discrete-event simulation of SLURM sites, pilots and an HTCondor negotiator.
+
+Virtual clock, seeded randomness, no I/O. A `Policy` is ticked every `policy.tick_s`
+seconds, sees the world through `World.snapshot()` (the same `Snapshot` the service builds)
+and returns the same `Action`s the service applies.
+
+Pilots behave like the real ones: SLURM queue wait (lognormal, per site), then the
+allocation starts and is charged; the startd boots for `boot_s` and then offers one
+partitionable slot. The negotiator runs every `negotiate_s`: jobs in submission order, each
+to the fitting pilot with the fewest free cores (depth first). A pilot starts a job that
+states a runtime only if it ends before the walltime; one that states none only before the
+shutdown margin. From the margin on the pilot takes no such jobs and ends when empty. A
+released pilot drains and ends when empty; a pending one is cancelled. At walltime SLURM
+kills whatever still runs (counted as killed).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from provisioner.config import Config, SiteConfig
+from provisioner.model import (
+    Action,
+    Cancel,
+    Demand,
+    JobShape,
+    Pilot,
+    PilotState,
+    Release,
+    SiteView,
+    Snapshot,
+    Submit,
+    round_memory,
+)
+from provisioner.sim.traces import HOUR, JobSpec
+
+
+@dataclass(frozen=True)
+class SiteModel:
+    """A simulated SLURM cluster plus the provisioner's configuration for it."""
+
+    config: SiteConfig
+    nodes: int
+    cores_per_node: int
+    mem_per_node_mb: int
+    wait_median_s: float = 60.0  # SLURM queue wait, lognormal
+    wait_sigma: float = 1.0
+    boot_s: float = 90.0
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+
+class Policy(Protocol):
+    """Decides pilots. `tick` is called every `tick_s` seconds of virtual time."""
+
+    name: str
+    tick_s: float
+
+    def tick(self, world: World, now: float) -> list[Action]: ...
+
+
+@dataclass(eq=False)
+class SimJob:
+    spec: JobSpec
+    start: float | None = None
+    end: float | None = None
+    pilot: SimPilot | None = None
+    killed: bool = False
+
+    @property
+    def shape(self) -> JobShape:
+        return self.spec.shape
+
+
+@dataclass(eq=False)
+class SimPilot:
+    id: int
+    site: SiteModel
+    cpus: int
+    memory_mb: int
+    walltime_s: float
+    submitted_at: float
+    eligible: bool = False
+    node: int | None = None
+    started_at: float | None = None
+    booted: bool = False
+    draining: bool = False
+    ended_at: float | None = None
+    cancelled: bool = False
+    used_cpus: int = 0
+    used_mem: int = 0
+    jobs: set[SimJob] = field(default_factory=set)
+    claimed: bool = False  # ever ran a job
+
+    @property
+    def key(self) -> str:
+        return f"{self.site.name}/{self.id}"
+
+    @property
+    def walltime_end(self) -> float | None:
+        return None if self.started_at is None else self.started_at + self.walltime_s
+
+    @property
+    def margin_at(self) -> float:
+        end = self.walltime_end
+        assert end is not None
+        return end - self.site.config.pilot.shutdown_margin_s
+
+    def can_start(self, job: SimJob, now: float) -> bool:
+        if not self.booted or self.draining or self.ended_at is not None:
+            return False
+        s = job.shape
+        if s.cpus > self.cpus - self.used_cpus:
+            return False
+        if round_memory(s.memory_mb) > self.memory_mb - self.used_mem:
+            return False
+        end = self.walltime_end
+        assert end is not None
+        if s.runtime_s is not None:
+            return now + s.runtime_s <= end
+        return now < self.margin_at
+
+
+@dataclass
+class Sample:
+    t: float
+    idle_jobs: int
+    running_jobs: int
+    pilots: int
+    pending_pilots: int
+    allocated_cores: int
+    claimed_cores: int
+
+
+@dataclass
+class RunResult:
+    policy: str
+    trace: str
+    jobs: int
+    unmatchable_jobs: int
+    finished: int
+    running: int
+    queued: int
+    killed: int
+    wait_p50_s: float
+    wait_p95_s: float
+    wait_max_s: float
+    allocated_core_h: float
+    claimed_core_h: float
+    pilots_submitted: int
+    pilots_started: int
+    pilots_never_claimed: int
+    submissions_per_h: float
+    sim_hours: float
+    timeline: list[Sample] = field(repr=False, default_factory=list)
+
+    @property
+    def efficiency(self) -> float:
+        return self.claimed_core_h / self.allocated_core_h if self.allocated_core_h else 0.0
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    idx = min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))
+    return ordered[idx]
+
+
+class World:
+    """The simulated sites and pool. Build one per run."""
+
+    def __init__(self, sites: Iterable[SiteModel], config: Config, seed: int,
+                 negotiate_s: float = 30.0, sample_s: float = 300.0) -> None:
+        self.sites = {s.name: s for s in sites}
+        self.config = config
+        self.rng = random.Random(seed)
+        self.negotiate_s = negotiate_s
+        self.sample_s = sample_s
+        self.now = 0.0
+        self._events: list[tuple[float, int, str, object]] = []
+        self._seq = 0
+        self.queue: list[SimJob] = []  # idle matchable jobs, submission order
+        self.unmatchable: list[SimJob] = []
+        self.jobs: list[SimJob] = []
+        self.pilots: dict[int, SimPilot] = {}  # not yet ended
+        self.all_pilots: list[SimPilot] = []
+        self.pending: dict[str, list[SimPilot]] = {name: [] for name in self.sites}
+        self.node_free: dict[str, list[list[int]]] = {
+            s.name: [[s.cores_per_node, s.mem_per_node_mb] for _ in range(s.nodes)]
+            for s in self.sites.values()
+        }
+        self.allocated_core_s = 0.0
+        self.claimed_core_s = 0.0
+        self.timeline: list[Sample] = []
+        self._next_pilot = 1
+        self.queue_changed = False
+
+    # -- event plumbing -------------------------------------------------------------------
+    def _at(self, t: float, kind: str, payload: object = None) -> None:
+        self._seq += 1
+        heapq.heappush(self._events, (t, self._seq, kind, payload))
+
+    def _fits_somewhere(self, shape: JobShape) -> bool:
+        return any(
+            shape.cpus <= s.cores_per_node and round_memory(shape.memory_mb) <= s.mem_per_node_mb
+            and (not shape.desired_sites or s.name in shape.desired_sites)
+            for s in self.sites.values()
+        )
+
+    # -- what a policy sees -----------------------------------------------------------------
+    def pilot_state(self, p: SimPilot) -> PilotState:
+        if p.started_at is None:
+            return PilotState.PENDING
+        if not p.booted:
+            return PilotState.STARTING
+        if p.draining:
+            return PilotState.DRAINING
+        return PilotState.BUSY if p.jobs else PilotState.IDLE
+
+    def model_pilot(self, p: SimPilot) -> Pilot:
+        state = self.pilot_state(p)
+        full = state in (PilotState.PENDING, PilotState.STARTING)
+        return Pilot(
+            site=p.site.name, job_id=str(p.id), state=state, cpus=p.cpus,
+            memory_mb=p.memory_mb, submitted_at=p.submitted_at, started_at=p.started_at,
+            walltime_end=p.walltime_end,
+            free_cpus=p.cpus if full else p.cpus - p.used_cpus,
+            free_memory_mb=p.memory_mb if full else p.memory_mb - p.used_mem,
+            name=f"slot1@{p.key}" if p.booted else None,
+        )
+
+    def idle_jobs(self) -> int:
+        return len(self.queue) + len(self.unmatchable)
+
+    def snapshot(self, flagged: dict[str, float] | None = None,
+                 idle_cycles: dict[str, int] | None = None) -> Snapshot:
+        shapes: Counter[JobShape] = Counter(j.shape for j in self.queue)
+        shapes.update(j.shape for j in self.unmatchable)
+        return Snapshot(
+            demand=tuple(Demand(s, n) for s, n in shapes.items()),
+            pilots=tuple(self.model_pilot(p) for p in self.pilots.values()),
+            sites=tuple(SiteView(name, True) for name in self.sites),
+            flagged=dict(flagged or {}),
+            idle_cycles=dict(idle_cycles or {}),
+        )
+
+    # -- actions ------------------------------------------------------------------------------
+    def apply(self, actions: Iterable[Action]) -> None:
+        for a in actions:
+            if isinstance(a, Submit):
+                for _ in range(a.count):
+                    self.submit(a.site, a.cpus, a.memory_mb, a.walltime_s)
+            elif isinstance(a, (Cancel, Release)):
+                p = self.pilots.get(int(a.pilot.job_id))
+                if p is not None:
+                    self.release(p)
+
+    def submit(self, site_name: str, cpus: int, memory_mb: int, walltime_s: float) -> SimPilot:
+        site = self.sites[site_name]
+        p = SimPilot(self._next_pilot, site, cpus, memory_mb, walltime_s, self.now)
+        self._next_pilot += 1
+        self.pilots[p.id] = p
+        self.all_pilots.append(p)
+        self.pending[site_name].append(p)
+        wait = self.rng.lognormvariate(math.log(site.wait_median_s), site.wait_sigma)
+        self._at(self.now + wait, "eligible", p)
+        return p
+
+    def release(self, p: SimPilot) -> None:
+        """Cancel if pending, else drain: no new jobs, end when empty."""
+        if p.ended_at is not None:
+            return
+        if p.started_at is None:
+            p.cancelled = True
+            p.ended_at = self.now
+            self.pending[p.site.name].remove(p)
+            del self.pilots[p.id]
+            return
+        p.draining = True
+        if not p.jobs:
+            self._end_pilot(p)
+
+    # -- SLURM side -------------------------------------------------------------------------
+    def _try_start(self, site_name: str) -> None:
+        free = self.node_free[site_name]
+        still: list[SimPilot] = []
+        for p in self.pending[site_name]:
+            if not p.eligible:
+                still.append(p)
+                continue
+            for i, node in enumerate(free):
+                if node[0] >= p.cpus and node[1] >= p.memory_mb:
+                    node[0] -= p.cpus
+                    node[1] -= p.memory_mb
+                    p.node = i
+                    p.started_at = self.now
+                    self._at(self.now + p.site.boot_s, "booted", p)
+                    self._at(self.now + p.walltime_s, "walltime", p)
+                    self._at(p.margin_at, "margin", p)
+                    break
+            else:
+                still.append(p)
+        self.pending[site_name] = still
+
+    def _end_pilot(self, p: SimPilot) -> None:
+        if p.ended_at is not None:
+            return
+        for job in list(p.jobs):  # walltime kill
+            self._finish_job(job, killed=True)
+        p.ended_at = self.now
+        assert p.started_at is not None and p.node is not None
+        self.allocated_core_s += p.cpus * (self.now - p.started_at)
+        node = self.node_free[p.site.name][p.node]
+        node[0] += p.cpus
+        node[1] += p.memory_mb
+        del self.pilots[p.id]
+        self._try_start(p.site.name)
+
+    # -- pool side ----------------------------------------------------------------------------
+    def _finish_job(self, job: SimJob, killed: bool = False) -> None:
+        p = job.pilot
+        assert p is not None and job.start is not None
+        job.end = self.now
+        job.killed = killed
+        self.claimed_core_s += job.shape.cpus * (self.now - job.start)
+        p.jobs.discard(job)
+        p.used_cpus -= job.shape.cpus
+        p.used_mem -= round_memory(job.shape.memory_mb)
+
+    def negotiate(self) -> None:
+        avail = [p for p in self.pilots.values()
+                 if p.booted and not p.draining and p.used_cpus < p.cpus]
+        if not avail or not self.queue:
+            return
+        avail.sort(key=lambda p: (p.cpus - p.used_cpus, -(p.walltime_end or 0), p.id))
+        failed: set[tuple[int, int, int | None]] = set()
+        left: list[SimJob] = []
+        min_free = 0
+        for job in self.queue:
+            s = job.shape
+            sig = (s.cpus, round_memory(s.memory_mb), s.runtime_s)
+            if sig in failed or s.cpus < min_free:
+                left.append(job)
+                continue
+            for p in avail:
+                if p.can_start(job, self.now):
+                    job.start = self.now
+                    job.pilot = p
+                    p.jobs.add(job)
+                    p.claimed = True
+                    p.used_cpus += s.cpus
+                    p.used_mem += round_memory(s.memory_mb)
+                    self._at(self.now + job.spec.runtime, "job_end", job)
+                    break
+            else:
+                failed.add(sig)
+                left.append(job)
+        self.queue = left
+
+    # -- main loop ----------------------------------------------------------------------------
+    def run(self, policy: Policy, trace: list[JobSpec], trace_name: str = "",
+            duration: float | None = None, drain_s: float = 12 * HOUR) -> RunResult:
+        """Run `trace` under `policy` until every matchable job is done and every pilot
+        ended after the trace (or `duration + drain_s` at the latest)."""
+        end_of_trace = duration if duration is not None else max(
+            (j.submit for j in trace), default=0.0)
+        hard_stop = end_of_trace + drain_s
+        for spec in trace:
+            self._at(spec.submit, "arrive", SimJob(spec))
+        self._at(0.0, "negotiate")
+        self._at(0.0, "tick")
+        self._at(0.0, "sample")
+        arrivals_left = len(trace)
+        while self._events:
+            t, _seq, kind, payload = heapq.heappop(self._events)
+            if t > hard_stop:
+                break
+            self.now = t
+            if kind == "arrive":
+                assert isinstance(payload, SimJob)
+                arrivals_left -= 1
+                self.jobs.append(payload)
+                if self._fits_somewhere(payload.shape):
+                    self.queue.append(payload)
+                else:
+                    self.unmatchable.append(payload)
+            elif kind == "job_end":
+                assert isinstance(payload, SimJob)
+                if payload.end is None:
+                    p = payload.pilot
+                    self._finish_job(payload)
+                    assert p is not None
+                    if not p.jobs and (p.draining or self.now >= p.margin_at):
+                        self._end_pilot(p)
+            elif kind == "eligible":
+                assert isinstance(payload, SimPilot)
+                if payload.ended_at is None:
+                    payload.eligible = True
+                    self._try_start(payload.site.name)
+            elif kind == "booted":
+                assert isinstance(payload, SimPilot)
+                if payload.ended_at is None:
+                    payload.booted = True
+                    if payload.draining:
+                        self._end_pilot(payload)
+            elif kind == "margin":
+                assert isinstance(payload, SimPilot)
+                if payload.ended_at is None and payload.booted and not payload.jobs:
+                    self._end_pilot(payload)
+            elif kind == "walltime":
+                assert isinstance(payload, SimPilot)
+                self._end_pilot(payload)
+            elif kind == "negotiate":
+                self.negotiate()
+                self._at(t + self.negotiate_s, "negotiate")
+            elif kind == "tick":
+                self.apply(policy.tick(self, t))
+                if t < end_of_trace or self.queue or self.pilots:
+                    self._at(t + policy.tick_s, "tick")
+            elif kind == "sample":
+                self._sample()
+                if t < end_of_trace or self.queue or self.pilots:
+                    self._at(t + self.sample_s, "sample")
+            if t >= end_of_trace and not arrivals_left and not self.queue and not self.pilots:
+                break
+        return self._result(policy.name, trace_name)
+
+    def _sample(self) -> None:
+        running = [p for p in self.pilots.values() if p.started_at is not None]
+        self.timeline.append(Sample(
+            t=self.now, idle_jobs=len(self.queue),
+            running_jobs=sum(len(p.jobs) for p in running),
+            pilots=len(running), pending_pilots=len(self.pilots) - len(running),
+            allocated_cores=sum(p.cpus for p in running),
+            claimed_cores=sum(p.used_cpus for p in running),
+        ))
+
+    def _result(self, policy: str, trace: str) -> RunResult:
+        # close the books at `now`: charge what still runs up to now
+        allocated = self.allocated_core_s + sum(
+            p.cpus * (self.now - p.started_at) for p in self.pilots.values()
+            if p.started_at is not None)
+        claimed = self.claimed_core_s + sum(
+            j.shape.cpus * (self.now - j.start) for p in self.pilots.values()
+            for j in p.jobs if j.start is not None)
+        never = {id(j) for j in self.unmatchable}
+        matchable = [j for j in self.jobs if id(j) not in never]
+        waits = [(j.start if j.start is not None else self.now) - j.spec.submit
+                 for j in matchable]
+        started = [p for p in self.all_pilots if p.started_at is not None]
+        hours = max(self.now, 1.0) / HOUR
+        return RunResult(
+            policy=policy, trace=trace, jobs=len(self.jobs),
+            unmatchable_jobs=len(self.unmatchable),
+            finished=sum(1 for j in matchable if j.end is not None and not j.killed),
+            running=sum(1 for j in matchable if j.start is not None and j.end is None),
+            queued=len(self.queue),
+            killed=sum(1 for j in matchable if j.killed),
+            wait_p50_s=_percentile(waits, 0.50), wait_p95_s=_percentile(waits, 0.95),
+            wait_max_s=max(waits, default=0.0),
+            allocated_core_h=allocated / HOUR, claimed_core_h=claimed / HOUR,
+            pilots_submitted=len(self.all_pilots), pilots_started=len(started),
+            pilots_never_claimed=sum(1 for p in started if not p.claimed),
+            submissions_per_h=len(self.all_pilots) / hours, sim_hours=hours,
+            timeline=self.timeline,
+        )
