@@ -28,6 +28,7 @@ class CycleMark:
     idle_jobs: int
     idle_pilots: frozenset[str] = frozenset()
     flagged: int = 0  # pilots left flagged (waiting for their next idle observation)
+    unplaced: int = 0  # idle jobs the cycle could not provision for (caps)
 
 
 def cycle_due(now: float, probe: Probe, last: CycleMark | None, policy: PolicyConfig) -> str:
@@ -35,8 +36,9 @@ def cycle_due(now: float, probe: Probe, last: CycleMark | None, policy: PolicyCo
 
     Due when: there was no cycle yet; the interval has passed; or, at least
     `min_cycle_gap_s` after the last cycle, demand rose (more idle jobs), a pilot became
-    idle that the last cycle did not see idle, or flagged pilots await confirmation and
-    `quick_check_s` has passed (so hysteresis costs seconds, not a full interval).
+    idle that the last cycle did not see idle, or - once `quick_check_s` has passed -
+    flagged pilots await confirmation (hysteresis costs seconds, not a full interval) or
+    the last cycle left demand unprovisioned because of caps.
     """
     if last is None:
         return "first cycle"
@@ -51,4 +53,6 @@ def cycle_due(now: float, probe: Probe, last: CycleMark | None, policy: PolicyCo
         return "pilot became idle"
     if last.flagged and since >= policy.quick_check_s:
         return "confirm flagged pilots"
+    if last.unplaced and since >= policy.quick_check_s:
+        return "demand left over by caps"
     return ""

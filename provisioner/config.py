@@ -55,6 +55,10 @@ class PilotShapeConfig(_Model):
     gpus: int = Field(default=0, ge=0)
     walltime_s: int = Field(gt=0)
     shutdown_margin_s: int = Field(default=120, ge=0)
+    # New pilots are packed with idle jobs up to this many cores (at least one job, at most
+    # `cpus`); None = `cpus`. Smaller pilots leave less idle tail when their last job runs
+    # on alone, at the price of more sbatch calls.
+    target_cpus: int | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _consistent(self) -> PilotShapeConfig:
@@ -71,7 +75,18 @@ class PilotShapeConfig(_Model):
                 {"field": "shutdown_margin_s", "value": self.shutdown_margin_s,
                  "walltime": self.walltime_s},
             )
+        if self.target_cpus is not None and self.target_cpus > self.cpus:
+            raise PydanticCustomError(
+                "target_cpus",
+                "target_cpus {value} > cpus {cpus}",
+                {"field": "target_cpus", "value": self.target_cpus, "cpus": self.cpus},
+            )
         return self
+
+    @property
+    def pack_cpus(self) -> int:
+        """Cores new pilots are packed up to (before sizing down to what they hold)."""
+        return max(self.min_cpus, self.target_cpus or self.cpus)
 
     @property
     def usable_s(self) -> int:

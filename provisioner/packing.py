@@ -184,13 +184,15 @@ class BinList:
 
 @dataclass
 class NewPilots:
-    """New pilots of one site: bins of the site's largest pilot shape, at most `allowed`."""
+    """New pilots of one site, at most `allowed`. Each new bin has `pack_cpus` cores, or
+    the cores of the first job put in it if more (at most `cpus`), and the largest memory."""
 
     cpus: int
     memory_mb: int
     gpus: int
     usable_s: float
     allowed: int
+    pack_cpus: int = 0  # 0 = cpus
     registry: list[BinGroup] = field(default_factory=list)
     open: BinList = field(init=False)
     opened: int = 0
@@ -204,7 +206,8 @@ class NewPilots:
             return 0
         placed = self.open.fill(item, n, 0.0)
         n -= placed
-        k = item.per_bin(self.cpus, self.memory_mb, self.gpus)
+        cpus = min(self.cpus, max(self.pack_cpus or self.cpus, item.cpus))
+        k = item.per_bin(cpus, self.memory_mb, self.gpus)
         if n <= 0 or k == 0:
             return placed
         left = self.allowed - self.opened
@@ -213,14 +216,14 @@ class NewPilots:
         full = min(n // k, left)
         new: list[BinGroup] = []
         if full:
-            g = BinGroup(self.cpus, self.memory_mb, self.gpus, INF, full)
+            g = BinGroup(cpus, self.memory_mb, self.gpus, INF, full)
             g.add(item, k)
             new.append(g)
             n -= full * k
             placed += full * k
             left -= full
         if n > 0 and left > 0:
-            g = BinGroup(self.cpus, self.memory_mb, self.gpus, INF, 1)
+            g = BinGroup(cpus, self.memory_mb, self.gpus, INF, 1)
             g.add(item, n)
             new.append(g)
             placed += n

@@ -56,6 +56,7 @@ _TIERS: tuple[PilotState, ...] = (
     PilotState.PENDING,
 )
 _ALIVE = frozenset(_TIERS)
+_WARM = frozenset((PilotState.IDLE, PilotState.STARTING, PilotState.PENDING))
 
 
 def item_of(shape: JobShape) -> Item:
@@ -245,7 +246,7 @@ def plan(snapshot: Snapshot, config: Config, now: float) -> Plan:
         allowed = max(0, min(room.values())) if site_ok[site.name] else 0
         new = NewPilots(
             site.pilot.cpus, site.pilot.memory_mb, site.pilot.gpus,
-            site.pilot.usable_s, allowed,
+            site.pilot.usable_s, allowed, site.pilot.pack_cpus,
         )
         site_jobs = site_cpus = 0
         for i, (item, _shape, _idle, fits) in enumerate(rows):
@@ -308,7 +309,8 @@ def _pilot_actions(
     n_release = config.policy.idle_release_cycles
     for site_name, pilots in sorted(by_site.items()):
         site = config.site(site_name)
-        warm = sum(1 for p in pilots if p.state in _ALIVE)
+        # warm = unclaimed pilots that are up or coming up; keep_warm of them are kept
+        warm = sum(1 for p in pilots if p.state in _WARM and p.key not in used)
         cancels: list[Pilot] = []
         releases: list[Pilot] = []
         for p in pilots:
@@ -326,10 +328,7 @@ def _pilot_actions(
                     out.append(Flag(p, "idle, no demand for it"))
             elif p.state is PilotState.PENDING and p.key not in used:
                 cancels.append(p)
-        for p in sorted(cancels, key=lambda p: (-p.submitted_at, p.job_id)):
-            if warm > site.keep_warm:
-                out.append(Cancel(p, "pending, no demand for it"))
-                warm -= 1
+        # release the pilots that end soonest, cancel the ones submitted last; keep the rest
         releases.sort(key=lambda p: (p.walltime_end or math.inf, p.job_id))
         for p in releases:
             age = now - (p.started_at if p.started_at is not None else p.submitted_at)
@@ -338,6 +337,10 @@ def _pilot_actions(
                 warm -= 1
             elif p.key not in snapshot.flagged:
                 out.append(Flag(p, "idle, no demand for it (kept: lifetime/keep_warm)"))
+        for p in sorted(cancels, key=lambda p: (-p.submitted_at, p.job_id)):
+            if warm > site.keep_warm:
+                out.append(Cancel(p, "pending, no demand for it"))
+                warm -= 1
     return out
 
 

@@ -45,7 +45,8 @@ class PlanPolicy:
         snap = world.snapshot(self.flagged, self.idle_cycles)
         result = plan(snap, self.config, now)
         self.flagged, self.idle_cycles = carry_over(snap, result, now)
-        self.last = CycleMark(now, probe.idle_jobs, idle_pilots, len(self.flagged))
+        self.last = CycleMark(now, probe.idle_jobs, idle_pilots, len(self.flagged),
+                              result.unplaced_jobs)
         self.cycles += 1
         return list(result.actions)
 
@@ -73,7 +74,7 @@ class PrototypePolicy:
         if sum(d.idle for d in snap.demand) > 0:
             for site in _sites_by_weight(world):
                 alive = sum(1 for p in snap.pilots if p.site == site.name)
-                if alive < site.config.caps.max_pilots:
+                if alive < min(site.config.caps.max_pilots, site.nodes):
                     actions.append(_whole_node(site))
                     break
         flagged: set[str] = set()
@@ -128,7 +129,8 @@ class CobaldPolicy:
                 ctl.demand -= self.rate * self.tick_s
             elif allocation > self.high_allocation:
                 ctl.demand += self.rate * self.tick_s
-            ctl.demand = min(max(ctl.demand, 0.0), float(site.config.caps.max_pilots))
+            cap = min(site.config.caps.max_pilots, site.nodes)
+            ctl.demand = min(max(ctl.demand, 0.0), float(cap))
             target = int(ctl.demand)
             if target > len(drones):
                 actions.append(_whole_node(site, target - len(drones)))

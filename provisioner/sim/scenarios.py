@@ -16,24 +16,26 @@ from provisioner.sim.world import Policy, RunResult, SiteModel, World
 POLICIES = ("prototype", "cobald", "ours")
 
 
-def default_sites(gsi_pilot_cpus: int = 16, frankfurt_min_cpus: int = 8) -> list[SiteModel]:
+def default_sites(gsi_target: int | None = 1, frankfurt_target: int | None = 1,
+                  frankfurt_min_cpus: int = 1) -> list[SiteModel]:
     """A GSI-like cluster (shared nodes, per-core allocation) and a Frankfurt-like one
     (bigger nodes, longer queue wait)."""
     gsi = SiteConfig(
         name="gsi", max_walltime_s=3 * 86400, template="gsi.sh.j2",
         image="/opt/images/pilot.sif", weight=2.0,
-        pilot=PilotShapeConfig(cpus=gsi_pilot_cpus, min_cpus=1,
-                               memory_mb=gsi_pilot_cpus * 4000, memory_per_cpu_mb=4000,
+        pilot=PilotShapeConfig(cpus=16, min_cpus=1, target_cpus=gsi_target,
+                               memory_mb=64000, memory_per_cpu_mb=4000,
                                walltime_s=86400, shutdown_margin_s=7200),
-        caps=CapsConfig(max_pilots=300, max_pending=40, max_submit_per_cycle=40),
+        caps=CapsConfig(max_pilots=480, max_pending=60, max_submit_per_cycle=60),
     )
     frankfurt = SiteConfig(
         name="frankfurt", max_walltime_s=3 * 86400, template="frankfurt.sh.j2",
         image="/opt/images/pilot.sif", weight=1.0,
-        pilot=PilotShapeConfig(cpus=40, min_cpus=frankfurt_min_cpus, memory_mb=192000,
+        pilot=PilotShapeConfig(cpus=40, min_cpus=frankfurt_min_cpus,
+                               target_cpus=frankfurt_target, memory_mb=192000,
                                memory_per_cpu_mb=4800, walltime_s=86400,
                                shutdown_margin_s=7200),
-        caps=CapsConfig(max_pilots=60, max_pending=20, max_submit_per_cycle=20),
+        caps=CapsConfig(max_pilots=800, max_pending=60, max_submit_per_cycle=60),
     )
     return [
         SiteModel(gsi, nodes=30, cores_per_node=16, mem_per_node_mb=64000,
@@ -46,7 +48,7 @@ def default_sites(gsi_pilot_cpus: int = 16, frankfurt_min_cpus: int = 8) -> list
 def default_config(sites: list[SiteModel]) -> Config:
     return Config(
         policy=PolicyConfig(interval_s=300, quick_check_s=20, min_cycle_gap_s=10,
-                            idle_release_cycles=2, max_submit_per_cycle=60),
+                            idle_release_cycles=2, max_submit_per_cycle=120),
         sites=tuple(s.config for s in sites),
     )
 

@@ -1,0 +1,134 @@
+"""Bench: every policy on every trace (fixed seeds), plus plan() timing.
+
+Run from the repository root: `python bench/run.py` (or `python -m bench.run`).
+Prints a markdown table, writes bench/results/results.md and PNG plots of pilots and
+queue over time (one per trace, one panel per policy) to bench/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from provisioner.plan import plan  # noqa: E402
+from provisioner.sim import POLICIES, TRACES, RunResult, run_scenario  # noqa: E402
+from provisioner.sim.synthetic import synthetic_snapshot  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+SEED = 1
+DAYS = 2.0
+
+COLUMNS = (
+    "policy", "trace", "wait p50 (min)", "wait p95 (min)", "wait max (min)",
+    "allocated core-h", "claimed core-h", "efficiency", "pilots submitted",
+    "pilots never claimed", "killed jobs", "sbatch/h", "finished/jobs", "unmatchable",
+)
+
+
+def row(r: RunResult) -> list[str]:
+    return [
+        r.policy, r.trace, f"{r.wait_p50_s / 60:.1f}", f"{r.wait_p95_s / 60:.1f}",
+        f"{r.wait_max_s / 60:.0f}", f"{r.allocated_core_h:.0f}", f"{r.claimed_core_h:.0f}",
+        f"{100 * r.efficiency:.1f} %", str(r.pilots_submitted), str(r.pilots_never_claimed),
+        str(r.killed), f"{r.submissions_per_h:.1f}",
+        f"{r.finished}/{r.jobs - r.unmatchable_jobs}", str(r.unmatchable_jobs),
+    ]
+
+
+def table(results: list[RunResult]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(row(r)) + " |" for r in results]
+    return "\n".join(lines)
+
+
+def time_plan(runs: int = 7) -> tuple[float, list[float]]:
+    snap, config = synthetic_snapshot()
+    now = 1_000_000.0
+    plan(snap, config, now)  # warm up
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        plan(snap, config, now)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), times
+
+
+def plot(results: list[RunResult]) -> list[Path]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plots", file=sys.stderr)
+        return []
+    out = []
+    by_trace: dict[str, list[RunResult]] = {}
+    for r in results:
+        by_trace.setdefault(r.trace, []).append(r)
+    for trace, runs in by_trace.items():
+        fig, axes = plt.subplots(len(runs), 1, figsize=(10, 2.6 * len(runs)), sharex=True)
+        for ax, r in zip(axes, runs, strict=True):
+            t = [s.t / 3600 for s in r.timeline]
+            ax.plot(t, [s.allocated_cores for s in r.timeline], label="allocated cores")
+            ax.plot(t, [s.claimed_cores for s in r.timeline], label="claimed cores")
+            ax.plot(t, [s.idle_jobs for s in r.timeline], label="idle jobs", alpha=0.7)
+            ax.plot(t, [s.pilots for s in r.timeline], label="running pilots", alpha=0.7)
+            ax.set_title(f"{trace} / {r.policy}: efficiency {100 * r.efficiency:.1f} %, "
+                         f"wait p95 {r.wait_p95_s / 60:.1f} min", fontsize=9)
+            ax.set_ylabel("count")
+            ax.legend(fontsize=7, loc="upper right")
+        axes[-1].set_xlabel("hours")
+        fig.tight_layout()
+        path = RESULTS / f"{trace}.png"
+        fig.savefig(path, dpi=80)
+        plt.close(fig)
+        out.append(path)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--traces", default=",".join(TRACES))
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--seed", type=int, default=SEED)
+    ap.add_argument("--days", type=float, default=DAYS)
+    ap.add_argument("--no-plots", action="store_true")
+    args = ap.parse_args(argv)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+
+    t_start = time.perf_counter()
+    results = []
+    for trace in args.traces.split(","):
+        for policy in args.policies.split(","):
+            t0 = time.perf_counter()
+            r = run_scenario(policy, trace, seed=args.seed, duration=args.days * 86400)
+            print(f"  {trace}/{policy}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+            results.append(r)
+    md = table(results)
+    median, times = time_plan()
+    timing = (f"plan() on 100k idle jobs in 500 shapes, 5k pilots, 10 sites: median "
+              f"{median * 1000:.1f} ms over {len(times)} runs "
+              f"(min {min(times) * 1000:.1f}, max {max(times) * 1000:.1f})")
+    print(md)
+    print()
+    print(timing)
+    (RESULTS / "results.md").write_text(
+        f"# Bench results\n\nSeed {args.seed}, {args.days:g} simulated days per trace "
+        f"(then drained), `python bench/run.py`.\n\n{md}\n\n{timing}\n", encoding="utf-8")
+    if not args.no_plots:
+        for path in plot(results):
+            print(f"wrote {path.relative_to(ROOT)}", file=sys.stderr)
+    print(f"bench took {time.perf_counter() - t_start:.0f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
