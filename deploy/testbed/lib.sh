@@ -63,7 +63,7 @@ in_testbed() {
     local pid
     pid=$(holder_pid)
     [ -n "$pid" ] || die "the testbed is not up; run: $TB_DIR/testbed up"
-    nsenter --target "$pid" --mount --uts --ipc --net --pid --root --wd=/ -- \
-        /usr/bin/env -i PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    nsenter --target "$pid" --mount --uts --ipc --net --pid --root -- \
+        /usr/bin/env -i --chdir=/ PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
         HOME=/root TERM="${TERM:-dumb}" LANG=C.UTF-8 "$@"
 }

@@ -30,6 +30,8 @@ rm -f /etc/condor/config.d/*
 install -m 0644 "$repo/condor_config/central-manager.conf" /etc/condor/config.d/20-central-manager.conf
 install -m 0644 "$etc/condor-testbed.conf" /etc/condor/config.d/90-testbed.conf
 install -d -m 0700 /etc/condor/passwords.d /etc/condor/tokens.d
+install -d -m 1777 /run/lock
+install -d -o condor -g condor /run/lock/condor /run/condor
 install -d -m 0755 /etc/provisioner
 
 # XRootD origin ("GSI storage") and cache ("Frankfurt cache node").

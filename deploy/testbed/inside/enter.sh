@@ -10,7 +10,22 @@ cache_images=${TESTBED_CACHE:-/var/cache/htcondor-slurm-testbed}/images
 mkdir -p "$cache_images"
 
 mount -t overlay overlay -o "lowerdir=$rootfs,upperdir=$state/upper,workdir=$state/work" "$m"
-mount --rbind /dev "$m/dev"
+# A private /dev: the host's nodes the daemons need, /dev/fuse open to all
+# (Apptainer mounts SIF images with squashfuse as the unprivileged pilot).
+mount -t tmpfs -o mode=755,nosuid tmpfs "$m/dev"
+for node in null zero full random urandom tty; do
+    touch "$m/dev/$node"
+    mount --bind "/dev/$node" "$m/dev/$node"
+done
+mknod -m 0666 "$m/dev/fuse" c 10 229
+mkdir -p "$m/dev/pts" "$m/dev/shm"
+mount -t devpts -o newinstance,ptmxmode=0666,mode=620 devpts "$m/dev/pts"
+ln -s pts/ptmx "$m/dev/ptmx"
+mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$m/dev/shm"
+ln -s /proc/self/fd "$m/dev/fd"
+ln -s /proc/self/fd/0 "$m/dev/stdin"
+ln -s /proc/self/fd/1 "$m/dev/stdout"
+ln -s /proc/self/fd/2 "$m/dev/stderr"
 mount -t proc proc "$m/proc"
 mount -t sysfs sysfs "$m/sys"
 mount -t tmpfs -o mode=755 tmpfs "$m/run"
@@ -29,4 +44,10 @@ rmdir /.oldroot
 
 hostname testbed
 ip link set lo up
+# Daemons that bind with AI_ADDRCONFIG (slurmctld, slurmd) need one
+# non-loopback address; a veth pair kept inside the namespace provides it.
+ip link add tb0 type veth peer name tb1
+ip addr add 10.254.0.1/30 dev tb0
+ip link set tb0 up
+ip link set tb1 up
 exec /bin/bash /src/deploy/testbed/inside/init.sh

@@ -31,6 +31,12 @@ key=$(cat /src/images/pilot.def /etc/testbed-rootfs-key 2>/dev/null | sha256sum 
 sif=/opt/images/pilot-$key.sif
 if [ ! -s "$sif" ]; then
     echo "building the pilot image $sif"
+    # An unprivileged build copies the base tree: it must hold no device
+    # nodes and nothing the pilot account cannot read.
+    base=/opt/testbed/pilot-base
+    find "$base/dev" -mindepth 1 -delete
+    find "$base" -xdev \( -type f ! -perm -o+r -exec chmod o+r {} + \) -o \
+        \( -type d ! -perm -o+rx -exec chmod o+rx {} + \)
     work=$(runuser -u pilot -- mktemp -d /var/tmp/pilot-image.XXXXXX)
     runuser -u pilot -- env -C "$work" APPTAINER_TMPDIR="$work" \
         apptainer -q build "$work/pilot.sif" /src/images/pilot.def
@@ -40,3 +46,6 @@ if [ ! -s "$sif" ]; then
     find /opt/images -name 'pilot-*.sif' ! -name "pilot-$key.sif" -delete
 fi
 ln -sfn "$sif" /opt/images/pilot.sif
+
+# The provisioner itself, from the repository mounted at /src.
+/opt/venv/bin/pip install -q --no-deps --no-build-isolation --disable-pip-version-check -e /src

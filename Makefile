@@ -1,0 +1,43 @@
+# The two commands a newcomer needs: `make demo` and `make test`.
+# Both build and start the local mini-grid (deploy/testbed) as needed; root required.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+TESTBED := deploy/testbed/testbed
+# Run pytest, treating "no tests collected" (exit 5) as the failure it is.
+PYTEST_STRICT = rc=0; $(1) || rc=$$?; if [ $$rc -eq 5 ]; then echo "error: no tests collected by: $(1)" >&2; exit 1; fi; exit $$rc
+
+.PHONY: test unit integration lint bench demo testbed testbed-status clean-testbed venv
+
+venv: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q -e '.[test,bench]'
+	touch $@
+
+test: unit integration
+
+unit: venv
+	@$(call PYTEST_STRICT,$(VENV)/bin/pytest -q tests/unit)
+
+integration: testbed
+	@$(call PYTEST_STRICT,$(TESTBED) exec -- pytest -q -p no:cacheprovider /src/tests/integration)
+
+lint: venv
+	$(VENV)/bin/ruff check provisioner tests bench
+	$(VENV)/bin/mypy
+
+bench: venv
+	$(VENV)/bin/python bench/run.py
+
+testbed:
+	$(TESTBED) up
+
+testbed-status:
+	$(TESTBED) status
+
+clean-testbed:
+	$(TESTBED) clean
+
+demo: testbed
+	$(TESTBED) exec -- python /src/deploy/testbed/demo.py

@@ -1,0 +1,273 @@
+"""The pilot: what runs inside the SLURM job.
+
+Started by the batch script (slurm_templates/) as the batch shell itself, so the
+warning signal SLURM sends a margin before walltime (``--signal=B:TERM@margin``)
+reaches it. It waits a bounded random delay (start-up storms), prepares a
+private work directory on node-local scratch, writes the HTCondor configuration
+of this one pilot, and runs ``condor_master`` (master + startd) inside the
+Apptainer pilot image through spython. On TERM it asks the master for a graceful
+shutdown (running jobs may retire until the walltime end); when the master ends
+it copies the logs back and exits.
+
+Parameters come from ``PILOT_*`` environment variables set by the batch script
+and from SLURM's own environment (job id, cores, memory, end time).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import shutil
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("provisioner.pilot")
+
+
+class PilotError(Exception):
+    """The pilot cannot start; the message names the missing or bad setting."""
+
+
+@dataclass(frozen=True)
+class PilotParams:
+    site: str
+    provisioner_id: str
+    collector: str
+    uid_domain: str
+    image: str
+    token_file: Path
+    condor_config: Path
+    job_id: str
+    cpus: int
+    memory_mb: int
+    walltime_end: int
+    shutdown_margin_s: int
+    noclaim_shutdown_s: int
+    start_delay_max_s: int
+    scratch: Path
+    log_dir: Path | None
+    xcache: str | None
+
+    @property
+    def name(self) -> str:
+        """Daemon name of this pilot's master and startd (unique per site job)."""
+        return f"pilot-{self.site}-{self.job_id}"
+
+
+def _env(env: dict[str, str], key: str) -> str:
+    value = env.get(key, "")
+    if not value:
+        raise PilotError(f"environment variable {key} is not set")
+    return value
+
+
+def _int_env(env: dict[str, str], key: str, default: int | None = None) -> int:
+    raw = env.get(key)
+    if raw in (None, ""):
+        if default is None:
+            raise PilotError(f"environment variable {key} is not set")
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise PilotError(f"environment variable {key}={raw!r} is not an integer") from None
+
+
+def params_from_env(env: dict[str, str], now: float) -> PilotParams:
+    """Read the pilot's parameters from the batch script's and SLURM's environment."""
+    cpus = _int_env(env, "SLURM_CPUS_ON_NODE", _int_env(env, "SLURM_CPUS_PER_TASK", 1))
+    mem = _int_env(env, "SLURM_MEM_PER_NODE", 0)
+    if mem <= 0:
+        mem = cpus * _int_env(env, "SLURM_MEM_PER_CPU", 1024)
+    walltime_end = _int_env(env, "SLURM_JOB_END_TIME", 0)
+    if walltime_end <= 0:
+        walltime_end = int(now) + _int_env(env, "PILOT_WALLTIME_S")
+    log_dir = env.get("PILOT_LOG_DIR") or None
+    return PilotParams(
+        site=_env(env, "PILOT_SITE"),
+        provisioner_id=_env(env, "PILOT_PROVISIONER_ID"),
+        collector=_env(env, "PILOT_COLLECTOR"),
+        uid_domain=_env(env, "PILOT_UID_DOMAIN"),
+        image=_env(env, "PILOT_IMAGE"),
+        token_file=Path(_env(env, "PILOT_TOKEN_FILE")),
+        condor_config=Path(_env(env, "PILOT_CONDOR_CONFIG")),
+        job_id=_env(env, "SLURM_JOB_ID"),
+        cpus=cpus,
+        memory_mb=mem,
+        walltime_end=walltime_end,
+        shutdown_margin_s=_int_env(env, "PILOT_SHUTDOWN_MARGIN_S", 120),
+        noclaim_shutdown_s=_int_env(env, "PILOT_NOCLAIM_SHUTDOWN_S", 1200),
+        start_delay_max_s=_int_env(env, "PILOT_START_DELAY_MAX_S", 0),
+        scratch=Path(env.get("PILOT_SCRATCH") or env.get("TMPDIR") or "/tmp"),
+        log_dir=Path(log_dir) if log_dir else None,
+        xcache=env.get("PILOT_XCACHE") or None,
+    )
+
+
+def _classad_string(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def local_config(p: PilotParams, workdir: Path) -> str:
+    """The HTCondor settings of this one pilot (appended after pilot.conf)."""
+    host = p.collector.rsplit(":", 1)[0]
+    lines = {
+        "CONDOR_HOST": host,
+        "COLLECTOR_HOST": p.collector,
+        "UID_DOMAIN": p.uid_domain,
+        "TRUST_DOMAIN": p.uid_domain,
+        # Jobs never share a file system with the submit host: transfer files.
+        "FILESYSTEM_DOMAIN": p.name,
+        "MASTER_NAME": p.name,
+        "STARTD_NAME": p.name,
+        "LOCAL_DIR": str(workdir / "local"),
+        "LOG": str(workdir / "local" / "log"),
+        "SPOOL": str(workdir / "local" / "spool"),
+        "EXECUTE": str(workdir / "local" / "execute"),
+        "LOCK": str(workdir / "local" / "lock"),
+        "RUN": str(workdir / "local" / "run"),
+        "SEC_TOKEN_DIRECTORY": str(workdir / "tokens.d"),
+        "SEC_PASSWORD_DIRECTORY": str(workdir / "passwords.d"),
+        "NUM_CPUS": str(p.cpus),
+        "MEMORY": str(p.memory_mb),
+        "PILOT_SHUTDOWN_MARGIN": str(p.shutdown_margin_s),
+        "PILOT_NOCLAIM_SHUTDOWN": str(p.noclaim_shutdown_s),
+        "PilotSite": _classad_string(p.site),
+        "PilotSlurmJobId": _classad_string(p.job_id),
+        "PilotProvisionerId": _classad_string(p.provisioner_id),
+        "PilotWalltimeEnd": str(p.walltime_end),
+    }
+    if p.xcache:
+        lines["PilotXCache"] = _classad_string(p.xcache)
+        lines["STARTD_ATTRS"] = "$(STARTD_ATTRS) PilotXCache"
+        lines["STARTER_JOB_ENVIRONMENT"] = _classad_string(f"XCACHE={p.xcache}")
+    return "".join(f"{k} = {v}\n" for k, v in lines.items())
+
+
+def prepare(p: PilotParams) -> tuple[Path, Path]:
+    """Create the private work directory; returns (workdir, condor_config file)."""
+    if not p.token_file.is_file():
+        raise PilotError(f"pilot token file {p.token_file} is missing")
+    if not p.condor_config.is_file():
+        raise PilotError(f"pilot HTCondor configuration {p.condor_config} is missing")
+    workdir = p.scratch / f"pilot-{p.site}-{p.job_id}"
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(mode=0o700, parents=True)
+    for sub in ("local/log", "local/spool", "local/execute", "local/lock", "local/run",
+                "tokens.d", "passwords.d"):
+        (workdir / sub).mkdir(mode=0o700, parents=True)
+    token = workdir / "tokens.d" / "pilot"
+    fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(p.token_file.read_bytes())
+    config = workdir / "condor_config"
+    config.write_text(p.condor_config.read_text() + "\n# --- this pilot ---\n"
+                      + local_config(p, workdir))
+    return workdir, config
+
+
+class Pilot:
+    """Runs the master in the container and reacts to SLURM's signals."""
+
+    def __init__(self, params: PilotParams, workdir: Path, config: Path) -> None:
+        self.p = params
+        self.workdir = workdir
+        self.config = config
+        self.pidfile = workdir / "local" / "run" / "master.pid"
+        self.stopping = False
+
+    def _signal_master(self, sig: int) -> None:
+        try:
+            pid = int(self.pidfile.read_text().strip())
+            os.kill(pid, sig)
+        except (OSError, ValueError) as exc:
+            log.warning("could not signal the master: %s", exc)
+
+    def on_term(self, signum: int, _frame: Any) -> None:
+        """Graceful: the master stops the startd, which lets running jobs retire."""
+        if not self.stopping:
+            log.info("signal %d: graceful shutdown of the pilot", signum)
+            self.stopping = True
+            self._signal_master(signal.SIGTERM)
+        else:
+            log.info("signal %d again: fast shutdown", signum)
+            self._signal_master(signal.SIGQUIT)
+
+    def run(self) -> int:
+        from spython.main import Client  # imported here: only the node needs it
+
+        Client.quiet = True
+        argv = ["condor_master", "-f", "-pidfile", str(self.pidfile)]
+        options = ["--cleanenv", "--env", f"CONDOR_CONFIG={self.config}",
+                   "--env", "LANG=C.UTF-8"]
+        log.info("starting %s in %s (%d cores, %d MB, walltime end %d)", self.p.name,
+                 self.p.image, self.p.cpus, self.p.memory_mb, self.p.walltime_end)
+        rc = 0
+        try:
+            for line in Client.execute(self.p.image, argv, bind=[f"{self.workdir}"],
+                                       options=options, stream=True, quiet=True):
+                log.info("master: %s", line.rstrip())
+        except Exception as exc:  # the container's exit status, or spython's error
+            rc = getattr(exc, "returncode", 1) or 1
+            if not self.stopping:
+                log.error("the pilot container ended: %s", exc)
+        log.info("pilot %s ended (rc %d)", self.p.name, rc)
+        return 0 if self.stopping else rc
+
+    def copy_logs(self) -> None:
+        if self.p.log_dir is None:
+            return
+        dest = self.p.log_dir / self.p.name
+        try:
+            shutil.copytree(self.workdir / "local" / "log", dest, dirs_exist_ok=True)
+        except OSError as exc:
+            log.warning("could not copy logs to %s: %s", dest, exc)
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout,
+                        format="%(asctime)s pilot %(levelname)s %(message)s")
+    for key in ("LD_AUDIT", "SINGULARITYENV_LD_AUDIT", "APPTAINERENV_LD_AUDIT"):
+        os.environ.pop(key, None)
+    try:
+        params = params_from_env(dict(os.environ), time.time())
+    except PilotError as exc:
+        log.error("%s", exc)
+        return 2
+    pilot: Pilot | None = None
+    stop_early = False
+
+    def early_term(_signum: int, _frame: Any) -> None:
+        nonlocal stop_early
+        stop_early = True
+
+    signal.signal(signal.SIGTERM, early_term)
+    delay = random.Random(params.job_id).uniform(0, params.start_delay_max_s)
+    deadline = time.time() + delay
+    while time.time() < deadline and not stop_early:
+        time.sleep(min(0.5, max(0.0, deadline - time.time())))
+    if stop_early:
+        log.info("terminated before start")
+        return 0
+    try:
+        workdir, config = prepare(params)
+    except (PilotError, OSError) as exc:
+        log.error("%s", exc)
+        return 2
+    pilot = Pilot(params, workdir, config)
+    signal.signal(signal.SIGTERM, pilot.on_term)
+    signal.signal(signal.SIGINT, pilot.on_term)
+    try:
+        return pilot.run()
+    finally:
+        pilot.copy_logs()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

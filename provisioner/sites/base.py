@@ -1,0 +1,94 @@
+"""The site backend interface: the only way the provisioner touches a batch system.
+
+A backend submits pilot jobs, lists them and cancels them, at one site. It
+translates the batch system's states and errors at its boundary: states into
+`SiteJobState`, errors into the four `BackendError` kinds below; the service
+reacts only to those.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class BackendError(Exception):
+    """A backend call failed; subclasses say how the caller should react."""
+
+
+class Transient(BackendError):
+    """Try again next cycle (busy controller, timeout); nothing changed."""
+
+
+class Unreachable(BackendError):
+    """The site cannot be read or reached; its state is unknown, never empty."""
+
+
+class Rejected(BackendError):
+    """The site refused the request (bad partition, limit); retrying will not help."""
+
+
+class Gone(BackendError):
+    """The job no longer exists at the site."""
+
+
+class SiteJobState(str, enum.Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    ENDING = "ending"
+
+
+@dataclass(frozen=True)
+class PilotRequest:
+    """One pilot job to submit: its shape and the rendered batch script."""
+
+    cpus: int
+    memory_mb: int
+    walltime_s: int
+    shutdown_margin_s: int
+    script: str
+
+
+@dataclass(frozen=True)
+class SiteJob:
+    """A pilot job as the batch system reports it."""
+
+    job_id: str
+    state: SiteJobState
+    cpus: int
+    memory_mb: int
+    submitted_at: float
+    started_at: float | None
+    ends_at: float | None
+
+
+class SiteBackend(Protocol):
+    """Contract of a site backend (implementation required for all three methods).
+
+    Implementations must be safe to call once per cycle per site and must never
+    build a shell command string from configuration or ClassAd values.
+    """
+
+    name: str
+
+    def submit(self, request: PilotRequest) -> str:
+        """Submit one pilot; return the site's job id.
+
+        Raises Rejected if the site refused it, Transient/Unreachable otherwise.
+        Not idempotent: each call may create a job.
+        """
+        ...
+
+    def list_pilots(self) -> Sequence[SiteJob]:
+        """All live pilot jobs of this provisioner at the site, in one query.
+
+        Finished jobs are not listed. Raises Unreachable when the site cannot
+        be read: callers must then treat the site as unknown, not empty.
+        """
+        ...
+
+    def cancel(self, job_id: str) -> None:
+        """Cancel a pilot job. Idempotent: cancelling an unknown or finished job succeeds."""
+        ...

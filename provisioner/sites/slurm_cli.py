@@ -1,0 +1,230 @@
+"""SLURM through its command-line tools: sbatch, squeue --json, scancel.
+
+Commands run through an `Executor` (local now; an SSH executor to a site's login
+node fits the same interface). Every command is an argv list; configuration
+values are validated by the config models and never pass through a shell.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from provisioner.sites.base import (
+    PilotRequest,
+    Rejected,
+    SiteJob,
+    SiteJobState,
+    Transient,
+    Unreachable,
+)
+
+log = logging.getLogger(__name__)
+
+#: SLURM job states -> what the provisioner sees; a finished job is not a pilot.
+STATE_TABLE: dict[str, SiteJobState | None] = {
+    "PENDING": SiteJobState.PENDING,
+    "REQUEUED": SiteJobState.PENDING,
+    "REQUEUE_HOLD": SiteJobState.PENDING,
+    "REQUEUE_FED": SiteJobState.PENDING,
+    "RESV_DEL_HOLD": SiteJobState.PENDING,
+    "CONFIGURING": SiteJobState.RUNNING,
+    "RUNNING": SiteJobState.RUNNING,
+    "RESIZING": SiteJobState.RUNNING,
+    "SUSPENDED": SiteJobState.RUNNING,
+    "SIGNALING": SiteJobState.RUNNING,
+    "STAGE_OUT": SiteJobState.ENDING,
+    "COMPLETING": SiteJobState.ENDING,
+    "STOPPED": SiteJobState.ENDING,
+    "COMPLETED": None,
+    "CANCELLED": None,
+    "FAILED": None,
+    "TIMEOUT": None,
+    "NODE_FAIL": None,
+    "PREEMPTED": None,
+    "BOOT_FAIL": None,
+    "DEADLINE": None,
+    "OUT_OF_MEMORY": None,
+    "SPECIAL_EXIT": None,
+    "REVOKED": None,
+}
+
+_UNREACHABLE = re.compile(r"unable to contact slurm controller|connection refused|"
+                          r"slurm_load_jobs error|cannot connect|zero bytes were transmitted",
+                          re.IGNORECASE)
+_TRANSIENT = re.compile(r"socket timed out|try again|temporarily|resource temporarily|"
+                        r"slurmctld is busy|timed out", re.IGNORECASE)
+_UNKNOWN_JOB = re.compile(r"invalid job id|job has already finished|already completing",
+                          re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@dataclass
+class LocalExecutor:
+    """Runs commands on this host, optionally as another account (needs root)."""
+
+    run_as: str | None = None
+    timeout_s: float = 60.0
+    calls: list[Sequence[str]] = field(default_factory=list, repr=False)
+
+    def run(self, argv: Sequence[str], env: Mapping[str, str], stdin: str | None = None
+            ) -> CommandResult:
+        self.calls.append(list(argv))
+        try:
+            proc = subprocess.run(
+                list(argv), input=stdin, capture_output=True, text=True,
+                env=dict(env), timeout=self.timeout_s,
+                user=self.run_as, group=self.run_as,
+                extra_groups=[] if self.run_as else None,
+                cwd="/" if self.run_as else None,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise Transient(f"{argv[0]} timed out after {self.timeout_s:.0f} s") from exc
+        except FileNotFoundError as exc:
+            raise Unreachable(f"{argv[0]} not found: {exc}") from exc
+        return CommandResult(proc.returncode, proc.stdout, proc.stderr)
+
+
+def _number(value: Any) -> float | None:
+    """squeue JSON numbers are plain or {"set": bool, "infinite": bool, "number": n}."""
+    if isinstance(value, dict):
+        if not value.get("set", True) or value.get("infinite"):
+            return None
+        value = value.get("number")
+    if isinstance(value, int | float):
+        return float(value)
+    return None
+
+
+def _state(job: Mapping[str, Any]) -> str:
+    state = job.get("job_state")
+    if isinstance(state, list):
+        return str(state[0]) if state else ""
+    return str(state or "")
+
+
+def parse_squeue(doc: Mapping[str, Any], job_name: str) -> list[SiteJob]:
+    """Pilot jobs (by job name) out of `squeue --json` output; finished ones dropped."""
+    jobs = []
+    for job in doc.get("jobs", []):
+        if job.get("name") != job_name:
+            continue
+        raw = _state(job)
+        if raw not in STATE_TABLE:
+            raise Unreachable(f"unknown SLURM job state {raw!r} of job {job.get('job_id')}")
+        state = STATE_TABLE[raw]
+        if state is None:
+            continue
+        cpus = int(_number(job.get("cpus")) or 0)
+        mem = _number(job.get("memory_per_node"))
+        if mem is None:
+            per_cpu = _number(job.get("memory_per_cpu")) or 0
+            mem = per_cpu * max(cpus, 1)
+        started = _number(job.get("start_time")) if state != SiteJobState.PENDING else None
+        ends = _number(job.get("end_time")) if state != SiteJobState.PENDING else None
+        jobs.append(SiteJob(
+            job_id=str(job.get("job_id")),
+            state=state,
+            cpus=cpus,
+            memory_mb=int(mem),
+            submitted_at=_number(job.get("submit_time")) or 0.0,
+            started_at=started or None,
+            ends_at=ends or None,
+        ))
+    return jobs
+
+
+def _classify(action: str, result: CommandResult) -> Exception:
+    text = (result.stderr or result.stdout).strip()
+    message = f"{action} failed (exit {result.returncode}): {text}"
+    if _UNREACHABLE.search(text):
+        return Unreachable(message)
+    if _TRANSIENT.search(text):
+        return Transient(message)
+    return Rejected(message)
+
+
+@dataclass
+class SlurmCliBackend:
+    """A SLURM site reached through sbatch/squeue/scancel."""
+
+    name: str
+    provisioner_id: str
+    executor: Any
+    slurm_conf: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    output_dir: str | None = None
+
+    @property
+    def job_name(self) -> str:
+        return f"htcpilot-{self.provisioner_id}"
+
+    def _env(self) -> dict[str, str]:
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+        if self.slurm_conf:
+            env["SLURM_CONF"] = self.slurm_conf
+        return env
+
+    def sbatch_argv(self, request: PilotRequest) -> list[str]:
+        argv = [
+            "sbatch", "--parsable",
+            f"--job-name={self.job_name}",
+            f"--comment=htcondor-pilot provisioner={self.provisioner_id}",
+            f"--cpus-per-task={request.cpus}",
+            f"--mem={request.memory_mb}M",
+            f"--time={max(1, math.ceil(request.walltime_s / 60))}",
+            f"--signal=B:TERM@{request.shutdown_margin_s}",
+            f"--output={self.output_dir or '/dev/null'}/%x-%j.out" if self.output_dir
+            else "--output=/dev/null",
+        ]
+        if self.partition:
+            argv.append(f"--partition={self.partition}")
+        if self.account:
+            argv.append(f"--account={self.account}")
+        if self.qos:
+            argv.append(f"--qos={self.qos}")
+        return argv
+
+    def submit(self, request: PilotRequest) -> str:
+        result = self.executor.run(self.sbatch_argv(request), self._env(), stdin=request.script)
+        if result.returncode != 0:
+            raise _classify(f"sbatch at {self.name}", result)
+        job_id = result.stdout.strip().split(";")[0]
+        if not job_id.isdigit():
+            raise Transient(f"sbatch at {self.name} printed no job id: {result.stdout!r}")
+        return job_id
+
+    def list_pilots(self) -> list[SiteJob]:
+        result = self.executor.run(["squeue", "--json", f"--name={self.job_name}"], self._env())
+        if result.returncode != 0:
+            err = _classify(f"squeue at {self.name}", result)
+            raise err if isinstance(err, Unreachable | Transient) else Unreachable(str(err))
+        try:
+            doc = json.loads(result.stdout)
+        except json.JSONDecodeError as exc:
+            raise Unreachable(f"squeue at {self.name} printed invalid JSON: {exc}") from exc
+        return parse_squeue(doc, self.job_name)
+
+    def cancel(self, job_id: str) -> None:
+        if not job_id.isdigit():
+            raise Rejected(f"not a SLURM job id: {job_id!r}")
+        result = self.executor.run(["scancel", job_id], self._env())
+        text = result.stderr + result.stdout
+        if result.returncode != 0 and not _UNKNOWN_JOB.search(text):
+            raise _classify(f"scancel {job_id} at {self.name}", result)
+        if _UNKNOWN_JOB.search(text):
+            log.info("scancel %s at %s: already gone", job_id, self.name)

@@ -1,0 +1,148 @@
+"""Each testbed component, proven against the real daemon."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import htcondor2 as htcondor
+import pytest
+
+from conftest import SITES, run, slurm_env
+
+PILOT_TOKEN = Path("/etc/provisioner/pilot.token")
+
+
+def test_pool_daemons_answer() -> None:
+    collector = htcondor.Collector("127.0.0.1:9618")
+    for daemon in (htcondor.DaemonType.Collector, htcondor.DaemonType.Negotiator,
+                   htcondor.DaemonType.Schedd):
+        ads = collector.locateAll(daemon)
+        assert ads, f"no {daemon} ad in the collector"
+
+
+def test_alice_submits_and_job_is_queued(tmp_path: Path) -> None:
+    sub = Path("/home/alice/queued.sub")
+    sub.write_text("executable = /bin/true\nrequest_cpus = 1\nrequest_memory = 100\n"
+                   "+TestbedProbe = True\nqueue\n")
+    os.chown(sub, 2001, 2001)
+    out = run(["condor_submit", "-terse", str(sub)], user="alice", cwd="/home/alice").stdout
+    cluster = out.split(".")[0].strip()
+    try:
+        ads = htcondor.Schedd().query(constraint=f"ClusterId == {cluster}",
+                                      projection=["Owner", "JobStatus"])
+        assert [(ad["Owner"], ad["JobStatus"]) for ad in ads] == [("alice", 1)]
+    finally:
+        run(["condor_rm", cluster], user="alice")
+
+
+def _as_pilot_identity(user: str) -> dict[str, str]:
+    """Environment that makes HTCondor tools authenticate with the pilot token only."""
+    token_dir = tempfile.mkdtemp(prefix="pilot-token.", dir=f"/home/{user}")
+    token = Path(token_dir) / "pilot"
+    token.write_bytes(PILOT_TOKEN.read_bytes())
+    uid = 2001 if user == "alice" else 2002
+    os.chown(token_dir, uid, uid)
+    os.chown(token, uid, uid)
+    token.chmod(0o600)
+    return {"_CONDOR_SEC_TOKEN_DIRECTORY": token_dir,
+            "_CONDOR_SEC_CLIENT_AUTHENTICATION_METHODS": "IDTOKENS"}
+
+
+def test_pilot_token_cannot_submit() -> None:
+    sub = Path("/home/pilot/forbidden.sub")
+    sub.write_text("executable = /bin/true\nqueue\n")
+    os.chown(sub, 2002, 2002)
+    proc = run(["condor_submit", str(sub)], user="pilot", env=_as_pilot_identity("pilot"),
+               check=False, cwd="/home/pilot")
+    assert proc.returncode != 0, proc.stdout
+    assert "denied" in (proc.stdout + proc.stderr).lower() or "permission" in (
+        proc.stdout + proc.stderr).lower(), proc.stderr
+
+
+def _startd_ad(name: str) -> str:
+    return (f'MyType = "Machine"\nName = "{name}"\nMachine = "fake.testbed"\n'
+            'MyAddress = "<127.0.0.1:1>"\nStartdIpAddr = "<127.0.0.1:1>"\n'
+            'TestbedProbe = True\n')
+
+
+def _advertise(user: str, env: dict[str, str], name: str) -> tuple[int, str]:
+    ad = Path(f"/home/{user}/{name}.ad")
+    ad.write_text(_startd_ad(name))
+    os.chown(ad, 2001 if user == "alice" else 2002, 2001 if user == "alice" else 2002)
+    proc = run(["condor_advertise", "UPDATE_STARTD_AD", str(ad)], user=user, env=env,
+               check=False)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def _startd_names() -> set[str]:
+    ads = htcondor.Collector("127.0.0.1:9618").query(
+        htcondor.AdType.Startd, constraint="TestbedProbe =?= True", projection=["Name"])
+    return {ad["Name"] for ad in ads}
+
+
+def test_alice_cannot_advertise_but_pilot_token_can() -> None:
+    rc, out = _advertise("alice", {}, "alice-fake-startd")
+    time.sleep(1)
+    assert "alice-fake-startd" not in _startd_names(), out
+    rc, out = _advertise("pilot", _as_pilot_identity("pilot"), "pilot-probe-startd")
+    assert rc == 0, out
+    deadline = time.time() + 10
+    while "pilot-probe-startd" not in _startd_names() and time.time() < deadline:
+        time.sleep(0.5)
+    assert "pilot-probe-startd" in _startd_names()
+    inv = Path("/home/pilot/invalidate.ad")
+    inv.write_text('MyType = "Query"\nTargetType = "Machine"\n'
+                   'Requirements = Name == "pilot-probe-startd"\n')
+    os.chown(inv, 2002, 2002)
+    run(["condor_advertise", "INVALIDATE_STARTD_ADS", str(inv)], user="pilot",
+        env=_as_pilot_identity("pilot"))
+
+
+@pytest.mark.parametrize("site", SITES)
+def test_sbatch_as_pilot_runs_on_every_node(site: str) -> None:
+    nodes = run(["sinfo", "-h", "-N", "-o", "%N"], env=slurm_env(site)).stdout.split()
+    assert len(nodes) >= 2
+    outdir = Path(tempfile.mkdtemp(prefix=f"sbatch-{site}.", dir="/home/pilot"))
+    os.chown(outdir, 2002, 2002)
+    for node in nodes:
+        run(["sbatch", "--wait", "--parsable", f"--nodelist={node}", "--time=2",
+             f"--output={outdir}/{node}.out", "--wrap", "echo $SLURMD_NODENAME $(id -un)"],
+            user="pilot", env=slurm_env(site), timeout=120)
+    for node in nodes:
+        assert (outdir / f"{node}.out").read_text().split() == [node, "pilot"]
+
+
+def test_apptainer_runs_as_pilot() -> None:
+    out = run(["apptainer", "-s", "exec", "/opt/images/pilot.sif", "sh", "-c",
+               "id -un; condor_version"], user="pilot").stdout
+    assert out.splitlines()[0] == "pilot"
+    assert "$CondorVersion: 23." in out
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def test_xcache_read_returns_right_bytes_and_caches(tmp_path: Path) -> None:
+    sums = dict(reversed(line.split()) for line in
+                Path("/srv/origin/data/SHA256SUMS").read_text().splitlines())
+    name = "medium.dat"
+    url = f"root://127.0.0.1:1095//root://127.0.0.1:1094//data/{name}"
+    cached = Path("/srv/xcache/root:/127.0.0.1:1094/data") / name
+    run(["xrdcp", "-f", "-s", url, str(tmp_path / "first")])
+    assert _sha256(tmp_path / "first") == sums[name]
+    assert cached.exists(), list(Path("/srv/xcache").rglob("*"))
+    # Second read: from the cache. Proof: the origin's access count does not move.
+    origin_log = Path("/var/log/xrootd/origin/origin.log")
+    before = origin_log.read_text().count(f"/data/{name}")
+    run(["xrdcp", "-f", "-s", url, str(tmp_path / "second")])
+    assert _sha256(tmp_path / "second") == sums[name]
+    assert origin_log.read_text().count(f"/data/{name}") == before
