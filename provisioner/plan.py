@@ -290,12 +290,13 @@ def plan(snapshot: Snapshot, config: Config, now: float) -> Plan:
 
 
 def _idle_observations(snapshot: Snapshot, p: Pilot, now: float) -> int:
-    """How many consecutive cycles `p` has been seen idle, this one included."""
-    before = snapshot.idle_cycles.get(p.key, 0)
+    """How many consecutive cycles `p` has been seen idle, this one included. Earlier
+    observations count only if the pilot was flagged in an earlier cycle (flagged_at < now);
+    `snapshot.idle_cycles` (from `carry_over`) tells how many, else one."""
     flagged_at = snapshot.flagged.get(p.key)
-    if flagged_at is not None and flagged_at < now:
-        before = max(before, 1)
-    return before + 1
+    if flagged_at is None or flagged_at >= now:
+        return 1
+    return max(1, snapshot.idle_cycles.get(p.key, 1)) + 1
 
 
 def _pilot_actions(

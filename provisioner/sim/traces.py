@@ -86,7 +86,7 @@ def bursty(seed: int, duration: float = 2 * DAY, every: float = 8 * HOUR,
            shapes: ShapeDraw = one_core, runtimes: RuntimeModel = RuntimeModel()) -> list[JobSpec]:
     """Campaigns: `burst_jobs` submitted within `burst_span` seconds every `every`, then quiet."""
     rng = random.Random(seed)
-    times = []
+    times: list[float] = []
     start = 600.0
     while start < duration:
         n = int(burst_jobs * rng.uniform(0.6, 1.4))
@@ -101,7 +101,8 @@ def diurnal(seed: int, duration: float = 2 * DAY, mean_per_h: float = 240,
     """Poisson arrivals with a sinusoidal daily rate (thinning)."""
     rng = random.Random(seed)
     peak = mean_per_h * (1 + amplitude) / HOUR
-    times, t = [], 0.0
+    times: list[float] = []
+    t = 0.0
     while True:
         t += rng.expovariate(peak)
         if t >= duration:

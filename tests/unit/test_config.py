@@ -1,0 +1,103 @@
+"""Config loading: valid sample loads; every bad input names file, field and value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from provisioner.config import ConfigError, load_config
+
+SAMPLE = Path(__file__).parent / "data" / "provisioner.yaml"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "prov.yaml"
+    p.write_text(text, encoding="utf-8")
+    return p
+
+
+def test_sample_loads_with_all_fields() -> None:
+    c = load_config(SAMPLE)
+    assert c.site_names == ("gsi", "frankfurt")
+    gsi = c.site("gsi")
+    assert gsi.pilot.cpus == 4 and gsi.pilot.walltime_s == 3600
+    assert gsi.caps.max_pending == 4 and gsi.weight == 2.0
+    assert c.site("frankfurt").keep_warm == 1
+    assert c.policy.idle_release_cycles == 2
+    assert c.pool.provisioner_id == "prov-1"
+    with pytest.raises(KeyError):
+        c.site("nowhere")
+
+
+def test_malformed_yaml_names_file_and_line(tmp_path: Path) -> None:
+    text = SAMPLE.read_text().replace("cpus: 16", "cpus: [16")
+    p = write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load_config(p)
+    msg = str(err.value)
+    assert str(p) in msg and "malformed YAML" in msg
+    line = next(i for i, t in enumerate(text.splitlines(), 1) if "[16" in t)
+    assert f":{line}" in msg or f":{line + 1}" in msg
+
+
+def test_unknown_backend_lists_known(tmp_path: Path) -> None:
+    text = SAMPLE.read_text().replace(
+        "backend: slurm-cli\n    slurm_conf: /etc/slurm-frankfurt",
+        "backend: pyslurm\n    slurm_conf: /etc/slurm-frankfurt")
+    p = write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load_config(p)
+    msg = str(err.value)
+    assert str(p) in msg and "sites[1].backend" in msg
+    assert "pyslurm" in msg and "slurm-cli" in msg
+
+
+def test_walltime_over_partition_limit_names_both(tmp_path: Path) -> None:
+    p = write(tmp_path, SAMPLE.read_text().replace("max_walltime_s: 86400", "max_walltime_s: 1800"))
+    with pytest.raises(ConfigError) as err:
+        load_config(p)
+    msg = str(err.value)
+    assert str(p) in msg and "sites[0].pilot.walltime_s" in msg
+    assert "3600" in msg and "1800" in msg
+
+
+def test_duplicate_site_names(tmp_path: Path) -> None:
+    p = write(tmp_path, SAMPLE.read_text().replace("name: frankfurt", "name: gsi"))
+    with pytest.raises(ConfigError) as err:
+        load_config(p)
+    msg = str(err.value)
+    assert str(p) in msg and "sites[1].name" in msg and "'gsi'" in msg
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "field", "value"),
+    [
+        ("weight: 1.0", "weight: 1.0\n    bogus: 3", "sites[1].bogus", "3"),
+        ("name: gsi", "name: GSI!", "sites[0].name", "GSI!"),
+        ("min_cpus: 4", "min_cpus: 40", "sites[1].pilot.min_cpus", "40"),
+        ("max_pending: 4", "max_pending: -1", "sites[0].caps.max_pending", "-1"),
+        ("idle_release_cycles: 2", "idle_release_cycles: 0", "policy.idle_release_cycles", "0"),
+    ],
+)
+def test_bad_field_named_with_value(tmp_path: Path, old: str, new: str, field: str,
+                                    value: str) -> None:
+    p = write(tmp_path, SAMPLE.read_text().replace(old, new, 1))
+    with pytest.raises(ConfigError) as err:
+        load_config(p)
+    msg = str(err.value)
+    assert str(p) in msg and field in msg and value in msg
+
+
+def test_missing_file_and_empty_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "absent.yaml")
+    with pytest.raises(ConfigError, match="empty"):
+        load_config(write(tmp_path, "# nothing\n"))
+
+
+def test_missing_required_field(tmp_path: Path) -> None:
+    p = write(tmp_path, SAMPLE.read_text().replace("    template: gsi.sh.j2\n", ""))
+    with pytest.raises(ConfigError) as err:
+        load_config(p)
+    assert "sites[0].template" in str(err.value) and "required" in str(err.value)

@@ -1,0 +1,235 @@
+"""Properties of plan() over random snapshots (hypothesis)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from provisioner.config import Config
+from provisioner.model import (
+    Cancel,
+    Demand,
+    Flag,
+    JobShape,
+    Pilot,
+    PilotState,
+    Plan,
+    Release,
+    SiteView,
+    Snapshot,
+    Submit,
+    Unflag,
+)
+from provisioner.plan import plan, site_rejects
+
+from .helpers import NOW, config, site
+
+SITES = ("a", "b", "c")
+SETTINGS = settings(max_examples=100, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def configs(draw: st.DrawFn) -> Config:
+    sites = []
+    for i, name in enumerate(SITES):
+        cpus = draw(st.integers(1, 16))
+        walltime = draw(st.sampled_from((3600, 7200, 86400)))
+        sites.append(site(
+            name, cpus=cpus, min_cpus=draw(st.integers(1, cpus)),
+            memory_mb=cpus * draw(st.sampled_from((1000, 2000, 4000))),
+            per_cpu=draw(st.sampled_from((500, 2000, 4000))), walltime_s=walltime,
+            margin=draw(st.sampled_from((0, 120, 600))),
+            weight=draw(st.sampled_from((0.5, 1.0, 2.0))) + i * 0.01,
+            max_pilots=draw(st.integers(0, 12)), max_pending=draw(st.integers(0, 6)),
+            max_submit=draw(st.integers(0, 6)), keep_warm=draw(st.integers(0, 2)),
+            target_cpus=draw(st.one_of(st.none(), st.integers(1, cpus))),
+        ))
+    return config(*sites, max_submit=draw(st.integers(0, 12)),
+                  release_cycles=draw(st.integers(1, 3)),
+                  min_lifetime=draw(st.sampled_from((0, 600))))
+
+
+shapes = st.builds(
+    JobShape,
+    cpus=st.integers(1, 20),
+    memory_mb=st.integers(1, 80000),
+    gpus=st.sampled_from((0, 0, 0, 1)),
+    runtime_s=st.one_of(st.none(), st.integers(60, 100000)),
+    desired_sites=st.sampled_from(((), (), ("a",), ("b", "c"), ("z",))),
+)
+demands = st.lists(st.builds(Demand, shape=shapes, idle=st.integers(1, 60)), max_size=8)
+
+
+@st.composite
+def pilots(draw: st.DrawFn, cfg: Config) -> list[Pilot]:
+    out = []
+    for i in range(draw(st.integers(0, 12))):
+        s = cfg.site(draw(st.sampled_from(SITES)))
+        state = draw(st.sampled_from(list(PilotState)))
+        cpus = draw(st.integers(1, s.pilot.cpus))
+        mem = draw(st.integers(1000, s.pilot.memory_mb))
+        started = None if state is PilotState.PENDING else NOW - draw(st.integers(0, 80000))
+        full = state in (PilotState.PENDING, PilotState.STARTING)
+        free_c = cpus if full else draw(st.integers(0, cpus))
+        if state is PilotState.IDLE:
+            free_c = cpus
+        if state is PilotState.BUSY:
+            free_c = min(free_c, cpus - 1)
+        out.append(Pilot(
+            site=s.name, job_id=str(i), state=state, cpus=cpus, memory_mb=mem,
+            submitted_at=NOW - 90000, started_at=started,
+            walltime_end=None if started is None else started + s.pilot.walltime_s,
+            free_cpus=free_c, free_memory_mb=mem if full else draw(st.integers(0, mem)),
+        ))
+    return out
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> tuple[Snapshot, Config]:
+    cfg = draw(configs())
+    ps = draw(pilots(cfg))
+    flagged = {p.key: NOW - draw(st.sampled_from((0, 20, 300)))
+               for p in ps if draw(st.booleans())}
+    views = tuple(SiteView(n, draw(st.booleans()) or n == "a") for n in SITES)
+    snap = Snapshot(demand=tuple(draw(demands)), pilots=tuple(ps), sites=views,
+                    flagged=flagged,
+                    idle_cycles={k: draw(st.integers(0, 3)) for k in flagged})
+    return snap, cfg
+
+
+def by_type(p: Plan, kind: type) -> list:  # type: ignore[type-arg]
+    return [a for a in p.actions if isinstance(a, kind)]
+
+
+@SETTINGS
+@given(scenarios())
+def test_never_exceeds_any_cap(sc: tuple[Snapshot, Config]) -> None:
+    snap, cfg = sc
+    result = plan(snap, cfg, NOW)
+    subs = by_type(result, Submit)
+    assert sum(s.count for s in subs) <= cfg.policy.max_submit_per_cycle
+    known = {v.name for v in snap.sites if v.known}
+    for s in cfg.sites:
+        n = sum(a.count for a in subs if a.site == s.name)
+        alive = sum(1 for p in snap.pilots if p.site == s.name and p.state is not PilotState.ENDING)
+        pending = sum(1 for p in snap.pilots if p.site == s.name and p.state is PilotState.PENDING)
+        assert n <= max(0, s.caps.max_pilots - alive)
+        assert n <= max(0, s.caps.max_pending - pending)
+        assert n <= s.caps.max_submit_per_cycle
+        if s.name not in known:
+            assert n == 0
+    for a in subs:
+        p = cfg.site(a.site).pilot
+        assert a.count > 0 and p.min_cpus <= a.cpus <= p.cpus and a.memory_mb <= p.memory_mb
+        assert a.walltime_s == p.walltime_s
+
+
+@SETTINGS
+@given(scenarios())
+def test_never_plans_for_unmatchable_jobs(sc: tuple[Snapshot, Config]) -> None:
+    snap, cfg = sc
+    result = plan(snap, cfg, NOW)
+    for u in result.unmatchable:
+        assert all(site_rejects(u.shape, s) for s in cfg.sites)
+        assert u.reason
+    unmatchable = {u.shape for u in result.unmatchable}
+    matchable_only = Snapshot(
+        demand=tuple(d for d in snap.demand if d.shape not in unmatchable),
+        pilots=snap.pilots, sites=snap.sites, flagged=snap.flagged,
+        idle_cycles=snap.idle_cycles)
+    assert plan(matchable_only, cfg, NOW).actions == result.actions
+
+
+@SETTINGS
+@given(scenarios())
+def test_pilot_actions_respect_state(sc: tuple[Snapshot, Config]) -> None:
+    snap, cfg = sc
+    result = plan(snap, cfg, NOW)
+    known = {v.name for v in snap.sites if v.known}
+    seen: Counter[str] = Counter()
+    for a in result.actions:
+        if isinstance(a, Submit):
+            continue
+        p = a.pilot
+        seen[p.key] += 1
+        assert p.site in known, "no pilot action at an unknown site"
+        if isinstance(a, (Flag, Release)):
+            assert p.state is PilotState.IDLE, "only idle pilots are flagged or released"
+        if isinstance(a, Cancel):
+            assert p.state is PilotState.PENDING
+        if isinstance(a, Unflag):
+            assert p.key in snap.flagged
+        if isinstance(a, Flag):
+            assert p.key not in snap.flagged
+    assert all(n == 1 for n in seen.values()), "at most one action per pilot"
+
+
+@SETTINGS
+@given(scenarios())
+def test_release_only_after_consecutive_idle_observations(sc: tuple[Snapshot, Config]) -> None:
+    snap, cfg = sc
+    n = cfg.policy.idle_release_cycles
+    for a in by_type(plan(snap, cfg, NOW), Release):
+        key = a.pilot.key
+        before = snap.idle_cycles.get(key, 0)
+        if key in snap.flagged and snap.flagged[key] < NOW:
+            before = max(before, 1)
+        assert before + 1 >= n
+        if n >= 2:
+            assert key in snap.flagged and snap.flagged[key] < NOW
+
+
+def planned_capacity(snap: Snapshot, result: Plan) -> tuple[int, int]:
+    """(pilots, cores) kept or newly planned."""
+    gone = {a.pilot.key for a in result.actions if isinstance(a, (Release, Cancel))}
+    kept = [p for p in snap.pilots
+            if p.key not in gone and p.state not in (PilotState.ENDING, PilotState.DRAINING)]
+    subs = by_type(result, Submit)
+    return (len(kept) + sum(s.count for s in subs),
+            sum(p.cpus for p in kept) + sum(s.cpus * s.count for s in subs))
+
+
+@SETTINGS
+@given(scenarios(), st.lists(st.builds(Demand, shape=shapes, idle=st.integers(1, 30)),
+                             min_size=1, max_size=3))
+def test_more_demand_never_reduces_planned_capacity(
+        sc: tuple[Snapshot, Config], extra: list[Demand]) -> None:
+    """More idle jobs never mean fewer pilots kept or planned; and when no cap binds, never
+    fewer cores. (Under a cap on the pilot count the cores can drop: which jobs share the
+    capped pilots is a greedy bin-packing choice, and a bigger job can crowd out a
+    better-packing set.)"""
+    snap, cfg = sc
+    more = Snapshot(demand=snap.demand + tuple(extra), pilots=snap.pilots, sites=snap.sites,
+                    flagged=snap.flagged, idle_cycles=snap.idle_cycles)
+    plan_more = plan(more, cfg, NOW)
+    pilots_before, cores_before = planned_capacity(snap, plan(snap, cfg, NOW))
+    pilots_after, cores_after = planned_capacity(more, plan_more)
+    assert pilots_after >= pilots_before
+    if plan_more.unplaced_jobs == 0:
+        assert cores_after >= cores_before
+
+
+@SETTINGS
+@given(configs())
+def test_empty_queue_no_pilots_plans_nothing(cfg: Config) -> None:
+    snap = Snapshot(demand=(), pilots=(), sites=tuple(SiteView(n, True) for n in SITES))
+    assert plan(snap, cfg, NOW).actions == ()
+
+
+@SETTINGS
+@given(scenarios())
+def test_pool_unknown_means_no_actions(sc: tuple[Snapshot, Config]) -> None:
+    snap, cfg = sc
+    blind = Snapshot(demand=snap.demand, pilots=snap.pilots, sites=snap.sites,
+                     pool_known=False, flagged=snap.flagged)
+    assert plan(blind, cfg, NOW).actions == ()
+
+
+@SETTINGS
+@given(scenarios())
+def test_plan_is_deterministic(sc: tuple[Snapshot, Config]) -> None:
+    snap, cfg = sc
+    assert plan(snap, cfg, NOW) == plan(snap, cfg, NOW)
