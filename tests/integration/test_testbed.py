@@ -6,6 +6,7 @@ import hashlib
 import os
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import htcondor2 as htcondor
@@ -131,18 +132,39 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _origin_opens(name: str) -> int:
+    """How often the origin opened /data/<name> (the origin traces opens)."""
+    log = Path("/var/log/xrootd/origin/origin.log").read_text(errors="replace")
+    return sum(1 for line in log.splitlines() if "ofs_open" in line and f"/data/{name}" in line)
+
+
 def test_xcache_read_returns_right_bytes_and_caches(tmp_path: Path) -> None:
+    # The origin's files and their checksums.
     sums = dict(reversed(line.split()) for line in
                 Path("/srv/origin/data/SHA256SUMS").read_text().splitlines())
-    name = "medium.dat"
+    assert sums, "the origin has no test files"
+    # A file new to the cache, so the first read is a miss whatever ran before.
+    name = f"probe-{uuid.uuid4().hex}.dat"
+    origin_file = Path("/srv/origin/data") / name
+    origin_file.write_bytes(os.urandom(8 << 20))
+    expected = _sha256(origin_file)
     url = f"root://127.0.0.1:1095//root://127.0.0.1:1094//data/{name}"
-    cached = Path("/srv/xcache/root:/127.0.0.1:1094/data") / name
-    run(["xrdcp", "-f", "-s", url, str(tmp_path / "first")])
-    assert _sha256(tmp_path / "first") == sums[name]
-    assert cached.exists(), list(Path("/srv/xcache").rglob("*"))
-    # Second read: from the cache. Proof: the origin's access count does not move.
-    origin_log = Path("/var/log/xrootd/origin/origin.log")
-    before = origin_log.read_text().count(f"/data/{name}")
-    run(["xrdcp", "-f", "-s", url, str(tmp_path / "second")])
-    assert _sha256(tmp_path / "second") == sums[name]
-    assert origin_log.read_text().count(f"/data/{name}") == before
+    cached = Path("/srv/xcache/data") / name
+    try:
+        run(["xrdcp", "-f", "-s", url, str(tmp_path / "first")])
+        assert _sha256(tmp_path / "first") == expected
+        assert _origin_opens(name) == 1
+        assert cached.exists() and _sha256(cached) == expected
+        # Second read: served from the cache, the origin does not open the file again.
+        run(["xrdcp", "-f", "-s", url, str(tmp_path / "second")])
+        assert _sha256(tmp_path / "second") == expected
+        assert _origin_opens(name) == 1
+        stats = run(["xrdpfc_print", f"{cached}.cinfo"]).stdout
+        assert "N_acc_total=2" in stats, stats
+        # And a file of the published set reads back with its published checksum.
+        published = sorted(sums)[0]
+        run(["xrdcp", "-f", "-s", f"root://127.0.0.1:1095//root://127.0.0.1:1094//data/{published}",
+             str(tmp_path / "published")])
+        assert _sha256(tmp_path / "published") == sums[published]
+    finally:
+        origin_file.unlink(missing_ok=True)
