@@ -9,13 +9,12 @@ best-fit-first once, before packing starts.
 from __future__ import annotations
 
 import math
+from bisect import insort
 from dataclasses import dataclass, field
-from operator import attrgetter
 
 from provisioner.model import Pilot
 
 INF = math.inf
-_BY_FREE = attrgetter("free_cpus", "free_mem")
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,22 +74,13 @@ class BinGroup:
 
 
 class BinList:
-    """A list of bin groups with cheap upper bounds on what any of them can hold.
+    """A list of bin groups, first fit in insertion order, with cheap upper bounds on what
+    any of them can hold. `registry` receives every group ever created (including split-off
+    heads), so the caller can afterwards find which pilots received jobs."""
 
-    With `by_free` the groups are kept sorted by free cpus (then memory), largest first, so a
-    scan stops at the first group with too few cpus; otherwise they are scanned in insertion
-    order (first fit). `registry` receives every group ever created (including split-off
-    heads and pruned groups), so the caller can afterwards find which pilots received jobs.
-    """
-
-    def __init__(
-        self, groups: list[BinGroup], registry: list[BinGroup], by_free: bool = False
-    ) -> None:
+    def __init__(self, groups: list[BinGroup], registry: list[BinGroup]) -> None:
         self.groups = groups
         self.registry = registry
-        self.by_free = by_free
-        if by_free:
-            groups.sort(key=_BY_FREE, reverse=True)
         registry.extend(groups)
         # (cpus, mem, gpus, deadline) of items that found no room in a full scan
         self.failed: list[tuple[int, int, int, float]] = []
@@ -132,8 +122,6 @@ class BinList:
             if g.free_cpus < fc or g.free_mem < fm:
                 del groups[i]
                 continue
-            if g.free_cpus < c and self.by_free:
-                break
             if (
                 g.free_cpus < c
                 or g.free_mem < m
@@ -164,22 +152,116 @@ class BinList:
                 i += 1
             placed += n
             n = 0
-        if placed and self.by_free:
-            groups.sort(key=_BY_FREE, reverse=True)
         if n > 0:
             # Every group that could hold this item was seen: tighten the bounds.
-            if self.by_free:
-                self.max_cpus = groups[0].free_cpus if groups else 0
-            else:
-                self._refresh_bounds()
-            if placed == 0:
-                # keep only the minimal failures: a smaller failure implies the larger ones
-                self.failed = [
-                    f for f in self.failed
-                    if not (f[0] >= c and f[1] >= m and f[2] >= gp and f[3] >= deadline)
-                ]
-                self.failed.append((c, m, gp, deadline))
+            self._refresh_bounds()
+            # Nothing as large as this item fits any more. Keep only the minimal failures:
+            # a smaller failure implies the larger ones.
+            self.failed = [
+                f for f in self.failed
+                if not (f[0] >= c and f[1] >= m and f[2] >= gp and f[3] >= deadline)
+            ]
+            self.failed.append((c, m, gp, deadline))
         return placed
+
+
+class CapacityIndex:
+    """Bin groups of existing pilots indexed for fast first fit.
+
+    Groups are bucketed by free cpus; inside a bucket they are ordered by free memory,
+    largest first. A job of (c cpus, m MB) visits only buckets with >= c free cpus and, in
+    each, only the groups with >= m free memory, so the cost follows the groups that can
+    take it, not all groups. Groups that can no longer hold the smallest job (`floor`) are
+    dropped. `registry` receives every group ever created.
+    """
+
+    def __init__(self, groups: list[BinGroup], registry: list[BinGroup]) -> None:
+        self.registry = registry
+        registry.extend(groups)
+        self.buckets: dict[int, list[BinGroup]] = {}
+        self.keys: list[int] = []  # bucket keys, largest first
+        for g in groups:
+            self._insert(g)
+        self.failed: list[tuple[int, int, int, float]] = []
+
+    def _insert(self, g: BinGroup) -> None:
+        bucket = self.buckets.get(g.free_cpus)
+        if bucket is None:
+            self.buckets[g.free_cpus] = [g]
+            self.keys = sorted(self.buckets, reverse=True)
+        else:
+            insort(bucket, g, key=_neg_mem)
+
+    @property
+    def max_cpus(self) -> int:
+        return self.keys[0] if self.keys else 0
+
+    def fill(self, item: Item, n: int, deadline: float, floor: Item | None = None) -> int:
+        """First-fit `n` jobs of `item`; return how many were placed. A bin takes the job
+        only if its walltime end is >= `deadline` (now + stated runtime, or now)."""
+        c, m, gp = item.cpus, item.memory_mb, item.gpus
+        keys = self.keys
+        if n <= 0 or not keys or keys[0] < c:
+            return 0
+        if any(
+            c >= f[0] and m >= f[1] and gp >= f[2] and deadline >= f[3] for f in self.failed
+        ):
+            return 0
+        fc, fm = (floor.cpus, floor.memory_mb) if floor is not None else (1, 0)
+        placed = 0
+        moved: list[BinGroup] = []
+        emptied = False
+        for key in keys:
+            if key < c:
+                break
+            bucket = self.buckets[key]
+            j = 0
+            while j < len(bucket) and n > 0:
+                g = bucket[j]
+                if g.free_mem < m:
+                    break
+                if g.free_gpus < gp or g.usable_until < deadline:
+                    j += 1
+                    continue
+                k = item.per_bin(g.free_cpus, g.free_mem, g.free_gpus)
+                if n >= k * g.count:
+                    g.add(item, k)
+                    placed += k * g.count
+                    n -= k * g.count
+                    del bucket[j]
+                    moved.append(g)
+                    continue
+                full, rest = divmod(n, k)
+                for size, per in ((full, k), (1 if rest else 0, rest)):
+                    if size:
+                        head = g.split(size)
+                        head.add(item, per)
+                        self.registry.append(head)
+                        moved.append(head)
+                placed += n
+                n = 0
+            if not bucket:
+                del self.buckets[key]
+                emptied = True
+            if n == 0:
+                break
+        if emptied:
+            self.keys = sorted(self.buckets, reverse=True)
+        for g in moved:
+            if g.free_cpus >= fc and g.free_mem >= fm and g.free_cpus > 0:
+                self._insert(g)
+        if n > 0:
+            # nothing as large as this item fits any more; keep only minimal failures
+            self.failed = [
+                f for f in self.failed
+                if not (f[0] >= c and f[1] >= m and f[2] >= gp and f[3] >= deadline)
+            ]
+            self.failed.append((c, m, gp, deadline))
+        return placed
+
+
+def _neg_mem(g: BinGroup) -> int:
+    return -g.free_mem
 
 
 @dataclass

@@ -45,7 +45,7 @@ from provisioner.model import (
     Unmatchable,
     round_memory,
 )
-from provisioner.packing import INF, BinGroup, BinList, Item, NewPilots
+from provisioner.packing import INF, BinGroup, CapacityIndex, Item, NewPilots
 
 # Existing capacity is used in this order: fill pilots already working first, so idle ones
 # can be released and pending ones cancelled.
@@ -69,12 +69,12 @@ def item_of(shape: JobShape) -> Item:
     )
 
 
-def site_rejects(shape: JobShape, site: SiteConfig) -> str:
+def site_rejects(shape: JobShape, site: SiteConfig, item: Item | None = None) -> str:
     """Why `site`'s largest pilot cannot run `shape`, or "" if it can."""
     if shape.desired_sites and site.name not in shape.desired_sites:
         return f"DesiredSites {','.join(shape.desired_sites)} excludes {site.name}"
     p = site.pilot
-    item = item_of(shape)
+    item = item or item_of(shape)
     if item.cpus > p.cpus:
         return f"RequestCpus {item.cpus} > {site.name} pilot {p.cpus} cores"
     if item.memory_mb > p.memory_mb:
@@ -127,7 +127,7 @@ def _deadline(p: Pilot, site: SiteConfig, now: float) -> float | None:
 
 def _existing_bins(
     pilots: Iterable[Pilot], config: Config, now: float, registry: list[BinGroup]
-) -> dict[str, list[BinList]]:
+) -> dict[str, list[CapacityIndex]]:
     """Capacity that exists, as identical-bin groups per site, one list per tier in order."""
     raw: dict[tuple[str, int], dict[tuple[int, int, int, float], list[Pilot]]] = (
         defaultdict(lambda: defaultdict(list))
@@ -148,13 +148,13 @@ def _existing_bins(
         if free[0] <= 0:
             continue
         raw[(p.site, tier_of[p.state])][(*free, until)].append(p)
-    out: dict[str, list[BinList]] = defaultdict(list)
+    out: dict[str, list[CapacityIndex]] = defaultdict(list)
     for (site_name, _tier), by_free in sorted(raw.items()):
         groups = [
             BinGroup(c, m, g, until, len(members), members)
             for (c, m, g, until), members in by_free.items()
         ]
-        out[site_name].append(BinList(groups, registry, by_free=True))
+        out[site_name].append(CapacityIndex(groups, registry))
     return out
 
 
@@ -200,11 +200,12 @@ def plan(snapshot: Snapshot, config: Config, now: float) -> Plan:
         if d.idle > 0:
             merged[d.shape] += d.idle
     for shape, idle in merged.items():
-        fits = [s.name for s in sites if not site_rejects(shape, s)]
+        item = item_of(shape)
+        fits = [s.name for s in sites if not site_rejects(shape, s, item)]
         if not fits:
             unmatchable.append(Unmatchable(shape, idle, unmatchable_reason(shape, sites)))
             continue
-        rows.append((item_of(shape), shape, idle, fits))
+        rows.append((item, shape, idle, fits))
     rows.sort(key=lambda r: (r[0].cpus, r[0].memory_mb, r[0].gpus), reverse=True)
     floor = Item(
         cpus=min((r[0].cpus for r in rows), default=1),
