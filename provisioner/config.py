@@ -36,6 +36,8 @@ class PoolConfig(_Model):
     token_file: str = "/etc/provisioner/tokens.d/provisioner"
     pilot_token_file: str = "/etc/provisioner/pilot.token"
     provisioner_id: str = Field(default="prov-1", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    #: The pool's UID_DOMAIN: identities are user@uid_domain (pilot@, provisioner@).
+    uid_domain: str = Field(default="testbed", pattern=r"^[A-Za-z0-9][A-Za-z0-9.-]*$")
 
 
 class PolicyConfig(_Model):
@@ -100,17 +102,35 @@ class CapsConfig(_Model):
     max_submit_per_cycle: int = Field(default=5, ge=0)
 
 
+_PATH = r"^/[A-Za-z0-9_./+@%=,-]*$"
+
+
+class PilotRuntimeConfig(_Model):
+    """Where things are on the site's worker nodes, and the pilot's own timers."""
+
+    python: str = Field(default="/opt/venv/bin/python", pattern=_PATH)
+    condor_config: str = Field(default="/etc/provisioner/pilot.conf", pattern=_PATH)
+    token_file: str = Field(default="/etc/provisioner/pilot.token", pattern=_PATH)
+    scratch: str = Field(default="", pattern=r"^(|/[A-Za-z0-9_./+@%=,-]*)$")  # "" = $TMPDIR
+    log_dir: str = Field(default="", pattern=r"^(|/[A-Za-z0-9_./+@%=,-]*)$")  # "" = no copy
+    start_delay_max_s: int = Field(default=30, ge=0)
+    noclaim_shutdown_s: int = Field(default=1200, gt=0)
+
+
 class SiteConfig(_Model):
     name: str = Field(pattern=SITE_NAME_PATTERN)
     backend: str = "slurm-cli"
-    slurm_conf: str | None = None
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
+    slurm_conf: str | None = Field(default=None, pattern=_PATH)
+    partition: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
+    account: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
+    qos: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
+    #: Account that submits pilots when the service runs as root (None = the service's own).
+    submit_user: str | None = Field(default=None, pattern=r"^[a-z_][a-z0-9_-]*$")
     max_walltime_s: int = Field(gt=0)
-    template: str
-    image: str
-    xcache: str | None = None
+    template: str = Field(pattern=r"^[A-Za-z0-9_.-]+\.j2$")
+    image: str = Field(pattern=_PATH)
+    xcache: str | None = Field(default=None, pattern=r"^root://[A-Za-z0-9_.:-]+$")
+    runtime: PilotRuntimeConfig = PilotRuntimeConfig()
     weight: float = Field(default=1.0, ge=0)
     pilot: PilotShapeConfig
     caps: CapsConfig = CapsConfig()
@@ -142,6 +162,10 @@ class SiteConfig(_Model):
 class Config(_Model):
     pool: PoolConfig = PoolConfig()
     policy: PolicyConfig = PolicyConfig()
+    #: Directory of the pilot batch-script templates; None = slurm_templates/ of this project.
+    templates_dir: str | None = Field(default=None, pattern=_PATH)
+    #: SQLite journal (audit trail and cache, never the only copy); "" = none.
+    journal: str = Field(default="", pattern=r"^(|/[A-Za-z0-9_./+@%=,-]*)$")
     sites: tuple[SiteConfig, ...] = Field(min_length=1)
 
     @model_validator(mode="after")
