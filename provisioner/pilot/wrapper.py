@@ -7,7 +7,9 @@ private work directory on node-local scratch, writes the HTCondor configuration
 of this one pilot, and runs ``condor_master`` (master + startd) inside the
 Apptainer pilot image through spython. On TERM it asks the master for a graceful
 shutdown (running jobs may retire until the walltime end); when the master ends
-it copies the logs back and exits.
+it copies the logs back and exits. On USR1 (the provisioner's release, sent
+through SLURM) it drains its startd if, and only if, the startd is idle, then
+shuts down.
 
 Parameters come from ``PILOT_*`` environment variables set by the batch script
 and from SLURM's own environment (job id, cores, memory, end time).
@@ -20,6 +22,7 @@ import os
 import random
 import shutil
 import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -56,7 +59,7 @@ class PilotParams:
     @property
     def name(self) -> str:
         """Daemon name of this pilot's master and startd (unique per site job)."""
-        return f"pilot-{self.site}-{self.job_id}"
+        return f"pilot-{self.site}-{self.job_id}@{socket.gethostname()}"
 
 
 def _env(env: dict[str, str], key: str) -> str:
@@ -188,6 +191,37 @@ class Pilot:
         except (OSError, ValueError) as exc:
             log.warning("could not signal the master: %s", exc)
 
+    def _in_container(self, argv: list[str]) -> tuple[int, str]:
+        from spython.main import Client
+
+        result = Client.execute(self.p.image, argv, bind=[f"{self.workdir}"],
+                                options=self._options(), return_result=True, quiet=True)
+        if isinstance(result, dict):
+            return int(result.get("return_code", 1)), str(result.get("message", ""))
+        return 0, str(result)
+
+    def _options(self) -> list[str]:
+        return ["--cleanenv", "--env", f"CONDOR_CONFIG={self.config}", "--env", "LANG=C.UTF-8"]
+
+    def on_release(self, signum: int, _frame: Any) -> None:
+        """The provisioner asks us to leave if idle: drain with an atomic idle check.
+
+        The startd evaluates the check and stops matching in one step, so a job
+        that arrived since the provisioner looked keeps its slot and we stay.
+        """
+        if self.stopping:
+            return
+        rc, out = self._in_container([
+            "condor_drain", "-graceful", "-exit-on-completion",
+            "-check", 'State == "Unclaimed"', "-start", "false",
+            "-reason", "released by the provisioner: idle", self.p.name])
+        if rc != 0:
+            log.info("release refused (not idle): %s", out.strip())
+            return
+        log.info("release: drained while idle; shutting down")
+        self.stopping = True
+        self._signal_master(signal.SIGTERM)
+
     def on_term(self, signum: int, _frame: Any) -> None:
         """Graceful: the master stops the startd, which lets running jobs retire."""
         if not self.stopping:
@@ -203,8 +237,7 @@ class Pilot:
 
         Client.quiet = True
         argv = ["condor_master", "-f", "-pidfile", str(self.pidfile)]
-        options = ["--cleanenv", "--env", f"CONDOR_CONFIG={self.config}",
-                   "--env", "LANG=C.UTF-8"]
+        options = self._options()
         log.info("starting %s in %s (%d cores, %d MB, walltime end %d)", self.p.name,
                  self.p.image, self.p.cpus, self.p.memory_mb, self.p.walltime_end)
         rc = 0
@@ -247,6 +280,7 @@ def main() -> int:
         stop_early = True
 
     signal.signal(signal.SIGTERM, early_term)
+    signal.signal(signal.SIGUSR1, early_term)  # released before it started: just leave
     delay = random.Random(params.job_id).uniform(0, params.start_delay_max_s)
     deadline = time.time() + delay
     while time.time() < deadline and not stop_early:
@@ -262,6 +296,7 @@ def main() -> int:
     pilot = Pilot(params, workdir, config)
     signal.signal(signal.SIGTERM, pilot.on_term)
     signal.signal(signal.SIGINT, pilot.on_term)
+    signal.signal(signal.SIGUSR1, pilot.on_release)
     try:
         return pilot.run()
     finally:

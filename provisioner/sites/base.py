@@ -65,7 +65,7 @@ class SiteJob:
 
 
 class SiteBackend(Protocol):
-    """Contract of a site backend (implementation required for all three methods).
+    """Contract of a site backend (implementation required for all four methods).
 
     Implementations must be safe to call once per cycle per site and must never
     build a shell command string from configuration or ClassAd values.
@@ -86,6 +86,16 @@ class SiteBackend(Protocol):
 
         Finished jobs are not listed. Raises Unreachable when the site cannot
         be read: callers must then treat the site as unknown, not empty.
+        """
+        ...
+
+    def release(self, job_id: str) -> None:
+        """Ask a running pilot to leave if it is idle (it drains itself and exits).
+
+        The pilot re-checks inside its own startd, atomically, that nothing is
+        claimed; if a job arrived meanwhile it stays. Idempotent; an unknown or
+        finished job succeeds. The site's own authentication (munge, SSH)
+        authorises the request: the pilot's startd needs to trust nobody new.
         """
         ...
 

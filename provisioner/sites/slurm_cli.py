@@ -55,6 +55,9 @@ STATE_TABLE: dict[str, SiteJobState | None] = {
     "REVOKED": None,
 }
 
+#: The signal that asks a pilot to leave if idle (see provisioner.pilot.wrapper).
+RELEASE_SIGNAL = "USR1"
+
 _UNREACHABLE = re.compile(r"unable to contact slurm controller|connection refused|"
                           r"slurm_load_jobs error|cannot connect|zero bytes were transmitted",
                           re.IGNORECASE)
@@ -219,12 +222,19 @@ class SlurmCliBackend:
             raise Unreachable(f"squeue at {self.name} printed invalid JSON: {exc}") from exc
         return parse_squeue(doc, self.job_name)
 
-    def cancel(self, job_id: str) -> None:
+    def _scancel(self, job_id: str, *options: str) -> None:
         if not job_id.isdigit():
             raise Rejected(f"not a SLURM job id: {job_id!r}")
-        result = self.executor.run(["scancel", job_id], self._env())
+        result = self.executor.run(["scancel", *options, job_id], self._env())
         text = result.stderr + result.stdout
-        if result.returncode != 0 and not _UNKNOWN_JOB.search(text):
-            raise _classify(f"scancel {job_id} at {self.name}", result)
         if _UNKNOWN_JOB.search(text):
             log.info("scancel %s at %s: already gone", job_id, self.name)
+        elif result.returncode != 0:
+            raise _classify(f"scancel {job_id} at {self.name}", result)
+
+    def release(self, job_id: str) -> None:
+        # SIGUSR1 to the batch shell, which is the pilot wrapper itself.
+        self._scancel(job_id, "--batch", f"--signal={RELEASE_SIGNAL}")
+
+    def cancel(self, job_id: str) -> None:
+        self._scancel(job_id)

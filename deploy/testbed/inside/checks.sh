@@ -23,7 +23,7 @@ check_condor-collector() { check_daemon_ad -collector; }
 check_condor-negotiator() { check_daemon_ad -negotiator; }
 check_condor-schedd() { check_daemon_ad -schedd; }
 
-check_tokens() { [ -s /etc/provisioner/provisioner.token ] && [ -s /etc/provisioner/pilot.token ] && [ -s /etc/condor/tokens.d/condor ]; }
+check_tokens() { [ -s /etc/provisioner/tokens.d/provisioner ] && [ -s /etc/provisioner/pilot.token ] && [ -s /etc/condor/tokens.d/condor ]; }
 
 check_xrootd() {  # port
     timeout 10 xrdfs "root://127.0.0.1:$1" query config version >/dev/null 2>&1

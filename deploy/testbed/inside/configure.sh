@@ -23,7 +23,7 @@ for c in gsi frankfurt; do
     install -d -o slurm -g slurm "/var/lib/slurm/$c"
 done
 # Plain `sinfo` talks to gsi; SLURM_CONF selects the other cluster.
-ln -sfn /etc/slurm-gsi /etc/slurm
+rm -rf /etc/slurm && ln -s /etc/slurm-gsi /etc/slurm
 
 # HTCondor central manager.
 rm -f /etc/condor/config.d/*
@@ -32,7 +32,9 @@ install -m 0644 "$etc/condor-testbed.conf" /etc/condor/config.d/90-testbed.conf
 install -d -m 0700 /etc/condor/passwords.d /etc/condor/tokens.d
 install -d -m 1777 /run/lock
 install -d -o condor -g condor /run/lock/condor /run/condor
-install -d -m 0755 /etc/provisioner
+install -d -m 0755 /etc/provisioner /var/log/provisioner /var/log/pilots
+install -m 0644 "$repo/condor_config/pilot.conf" /etc/provisioner/pilot.conf
+chown pilot: /var/log/pilots
 
 # XRootD origin ("GSI storage") and cache ("Frankfurt cache node").
 install -m 0644 "$etc/xrootd-origin.cfg" /etc/xrootd/origin.cfg

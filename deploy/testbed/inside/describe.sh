@@ -6,7 +6,7 @@ The testbed is up (private network namespace, host name "testbed", loopback only
   HTCondor central manager   collector+CCB 127.0.0.1:9618 (shared port), negotiator, schedd
                              config /etc/condor/config.d/{20-central-manager,90-testbed}.conf
                              identities: alice (local, FS), provisioner@testbed
-                             (/etc/provisioner/provisioner.token), pilot@testbed
+                             (/etc/provisioner/tokens.d/provisioner), pilot@testbed
                              (/etc/provisioner/pilot.token, owned by the pilot account)
   SLURM site "gsi"           slurmctld 127.0.0.1:6817, nodes gsi-n1:6821 gsi-n2:6822 (4 CPU, 8000 MB)
                              partitions main (8 h, default) and debug (30 min)

@@ -1,0 +1,178 @@
+"""The pool side: the schedd's idle demand and the pilot startd ads.
+
+Everything goes through the HTCondor Python bindings (module `htcondor2`), as
+the provisioner's own identity (its IDTOKEN; no other method). Reads are
+batched: one schedd query and one collector query per cycle. A read that fails
+raises `PoolUnreachable`: the caller must treat the pool as unknown, never as
+empty.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from provisioner.config import PoolConfig
+from provisioner.model import Demand, JobShape
+
+log = logging.getLogger(__name__)
+
+JOB_ATTRS = ["RequestCpus", "RequestMemory", "RequestDisk", "RequestGPUs", "MaxRuntime",
+             "DesiredSites"]
+SLOT_ATTRS = ["Name", "Machine", "PilotSite", "PilotSlurmJobId",
+              "PilotWalltimeEnd", "PartitionableSlot", "DynamicSlot", "State", "Activity",
+              "Cpus", "Memory", "GPUs", "TotalSlotCpus", "TotalSlotMemory", "Draining",
+              "DaemonStartTime", "MyType", "CondorVersion", "Start"]
+
+
+class PoolUnreachable(Exception):
+    """The schedd or the collector could not be read; the pool state is unknown."""
+
+
+@dataclass(frozen=True)
+class PilotAd:
+    """A pilot's startd as the collector sees it (partitionable slot + claimed dynamic slots)."""
+
+    site: str
+    job_id: str
+    name: str  # the startd's name (the slot name after "slot1@")
+    walltime_end: float | None
+    cpus: int
+    memory_mb: int
+    free_cpus: int
+    free_memory_mb: int
+    claimed_slots: int
+    draining: bool
+
+    @property
+    def key(self) -> str:
+        return f"{self.site}/{self.job_id}"
+
+
+def _int(ad: Any, attr: str, default: int = 0) -> int:
+    try:
+        value = ad.eval(attr)
+    except (KeyError, ValueError, TypeError, RuntimeError):
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return default
+    return int(value)
+
+
+def _str(ad: Any, attr: str) -> str:
+    try:
+        value = ad.eval(attr)
+    except (KeyError, ValueError, TypeError, RuntimeError):
+        return ""
+    return value if isinstance(value, str) else ""
+
+
+def shape_of(ad: Any) -> JobShape:
+    """The shape of one job ad (expressions evaluated as the schedd would)."""
+    runtime = _int(ad, "MaxRuntime", 0)
+    sites = tuple(s.strip() for s in _str(ad, "DesiredSites").split(",") if s.strip())
+    return JobShape(
+        cpus=max(1, _int(ad, "RequestCpus", 1)),
+        memory_mb=max(0, _int(ad, "RequestMemory", 0)),
+        disk_kb=max(0, _int(ad, "RequestDisk", 0)),
+        gpus=max(0, _int(ad, "RequestGPUs", 0)),
+        runtime_s=runtime if runtime > 0 else None,
+        desired_sites=tuple(sorted(sites)),
+    )
+
+
+def group_demand(ads: Iterable[Any]) -> tuple[Demand, ...]:
+    counts: Counter[JobShape] = Counter(shape_of(ad) for ad in ads)
+    return tuple(Demand(shape, n) for shape, n in sorted(counts.items()))
+
+
+def pilot_ads_of(slot_ads: Iterable[Any]) -> dict[str, PilotAd]:
+    """Fold slot ads into one PilotAd per pilot (site + SLURM job id)."""
+    pslots: dict[str, Any] = {}
+    claimed: Counter[str] = Counter()
+    for ad in slot_ads:
+        site, job = _str(ad, "PilotSite"), _str(ad, "PilotSlurmJobId")
+        if not site or not job:
+            continue
+        key = f"{site}/{job}"
+        if ad.get("PartitionableSlot") is True:
+            pslots[key] = ad
+        elif _str(ad, "State") == "Claimed":
+            claimed[key] += 1
+    out = {}
+    for key, ad in pslots.items():
+        name = _str(ad, "Name")
+        wall = _int(ad, "PilotWalltimeEnd", 0)
+        out[key] = PilotAd(
+            site=_str(ad, "PilotSite"),
+            job_id=_str(ad, "PilotSlurmJobId"),
+            name=name.split("@", 1)[1] if name.startswith("slot") and "@" in name else name,
+            walltime_end=float(wall) if wall > 0 else None,
+            cpus=_int(ad, "TotalSlotCpus", _int(ad, "Cpus")),
+            memory_mb=_int(ad, "TotalSlotMemory", _int(ad, "Memory")),
+            free_cpus=_int(ad, "Cpus"),
+            free_memory_mb=_int(ad, "Memory"),
+            claimed_slots=claimed[key],
+            draining=ad.get("Draining") is True,
+        )
+    return out
+
+
+class Pool:
+    """Reads the pool as the provisioner identity.
+
+    Pilots are not drained from here: a pilot's startd cannot verify IDTOKENS
+    (it must not hold the pool's signing key), so releases go through the
+    site (SiteBackend.release) and the pilot drains itself.
+    """
+
+    def __init__(self, cfg: PoolConfig, htcondor: Any = None) -> None:
+        self.cfg = cfg
+        if htcondor is None:
+            import htcondor2 as htcondor
+        self.htcondor = htcondor
+        if cfg.token_file:
+            # The bindings read every token in the directory: it must hold only ours.
+            htcondor.param["SEC_TOKEN_DIRECTORY"] = os.path.dirname(cfg.token_file)
+            htcondor.param["SEC_CLIENT_AUTHENTICATION_METHODS"] = "IDTOKENS"
+        self.constraint = f'PilotProvisionerId == "{cfg.provisioner_id}"'
+
+    def _collector(self) -> Any:
+        return self.htcondor.Collector(self.cfg.collector)
+
+    def _schedd(self) -> Any:
+        coll = self._collector()
+        if self.cfg.schedd:
+            ad = coll.locate(self.htcondor.DaemonType.Schedd, self.cfg.schedd)
+        else:
+            ad = coll.locate(self.htcondor.DaemonType.Schedd)
+        return self.htcondor.Schedd(ad)
+
+    def idle_demand(self) -> tuple[Demand, ...]:
+        """Idle jobs grouped by shape: one schedd query."""
+        try:
+            ads = self._schedd().query(constraint="JobStatus == 1", projection=JOB_ATTRS)
+        except Exception as exc:  # the bindings raise HTCondorException and friends
+            raise PoolUnreachable(f"schedd query failed: {exc}") from exc
+        return group_demand(ads)
+
+    def idle_count(self) -> int:
+        """The cheap probe: number of idle jobs from the schedd's summary ad."""
+        try:
+            ads = self._schedd().query(opts=self.htcondor.QueryOpt.SummaryOnly)
+        except Exception as exc:
+            raise PoolUnreachable(f"schedd summary query failed: {exc}") from exc
+        return sum(_int(ad, "AllusersIdle", _int(ad, "Idle")) for ad in ads)
+
+    def pilot_ads(self) -> dict[str, PilotAd]:
+        """This provisioner's pilot startds: one collector query."""
+        try:
+            ads = self._collector().query(self.htcondor.AdType.Startd,
+                                          constraint=self.constraint, projection=SLOT_ATTRS)
+        except Exception as exc:
+            raise PoolUnreachable(f"collector query failed: {exc}") from exc
+        return pilot_ads_of(ads)
