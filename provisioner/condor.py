@@ -21,8 +21,8 @@ from provisioner.model import Demand, JobShape
 
 log = logging.getLogger(__name__)
 
-JOB_ATTRS = ["RequestCpus", "RequestMemory", "RequestDisk", "RequestGPUs", "MaxRuntime",
-             "DesiredSites"]
+JOB_ATTRS = ["JobStatus", "RemoteHost", "RequestCpus", "RequestMemory", "RequestDisk",
+             "RequestGPUs", "MaxRuntime", "DesiredSites"]
 SLOT_ATTRS = ["Name", "Machine", "PilotSite", "PilotSlurmJobId",
               "PilotWalltimeEnd", "PartitionableSlot", "DynamicSlot", "State", "Activity",
               "Cpus", "Memory", "GPUs", "TotalSlotCpus", "TotalSlotMemory", "Draining",
@@ -85,9 +85,31 @@ def shape_of(ad: Any) -> JobShape:
     )
 
 
-def group_demand(ads: Iterable[Any]) -> tuple[Demand, ...]:
-    counts: Counter[JobShape] = Counter(shape_of(ad) for ad in ads)
-    return tuple(Demand(shape, n) for shape, n in sorted(counts.items()))
+@dataclass(frozen=True)
+class QueueView:
+    """What the schedd says: idle demand by shape, and which startds run its jobs."""
+
+    demand: tuple[Demand, ...]
+    running_on: frozenset[str]  # startd names (after "slotN_M@") with a running job
+
+
+def startd_of(remote_host: str) -> str:
+    """'slot1_2@pilot-gsi-8@node' -> 'pilot-gsi-8@node'."""
+    return remote_host.split("@", 1)[1] if remote_host.startswith("slot") and \
+        "@" in remote_host else remote_host
+
+
+def queue_view(ads: Iterable[Any]) -> QueueView:
+    counts: Counter[JobShape] = Counter()
+    running: set[str] = set()
+    for ad in ads:
+        status = _int(ad, "JobStatus")
+        if status == 1:
+            counts[shape_of(ad)] += 1
+        elif status == 2 and _str(ad, "RemoteHost"):
+            running.add(startd_of(_str(ad, "RemoteHost")))
+    demand = tuple(Demand(shape, n) for shape, n in counts.items())
+    return QueueView(demand, frozenset(running))
 
 
 def pilot_ads_of(slot_ads: Iterable[Any]) -> dict[str, PilotAd]:
@@ -110,7 +132,7 @@ def pilot_ads_of(slot_ads: Iterable[Any]) -> dict[str, PilotAd]:
         out[key] = PilotAd(
             site=_str(ad, "PilotSite"),
             job_id=_str(ad, "PilotSlurmJobId"),
-            name=name.split("@", 1)[1] if name.startswith("slot") and "@" in name else name,
+            name=startd_of(name),
             walltime_end=float(wall) if wall > 0 else None,
             cpus=_int(ad, "TotalSlotCpus", _int(ad, "Cpus")),
             memory_mb=_int(ad, "TotalSlotMemory", _int(ad, "Memory")),
@@ -152,13 +174,18 @@ class Pool:
             ad = coll.locate(self.htcondor.DaemonType.Schedd)
         return self.htcondor.Schedd(ad)
 
-    def idle_demand(self) -> tuple[Demand, ...]:
-        """Idle jobs grouped by shape: one schedd query."""
+    def queue(self) -> QueueView:
+        """Idle jobs grouped by shape, and the startds running jobs: one schedd query.
+
+        The schedd knows a pilot is busy the moment a job starts; the pilot's
+        own ad in the collector may lag by an update interval.
+        """
         try:
-            ads = self._schedd().query(constraint="JobStatus == 1", projection=JOB_ATTRS)
+            ads = self._schedd().query(constraint="JobStatus == 1 || JobStatus == 2",
+                                       projection=JOB_ATTRS)
         except Exception as exc:  # the bindings raise HTCondorException and friends
             raise PoolUnreachable(f"schedd query failed: {exc}") from exc
-        return group_demand(ads)
+        return queue_view(ads)
 
     def idle_count(self) -> int:
         """The cheap probe: number of idle jobs from the schedd's summary ad."""

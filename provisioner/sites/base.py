@@ -99,6 +99,10 @@ class SiteBackend(Protocol):
         """
         ...
 
-    def cancel(self, job_id: str) -> None:
-        """Cancel a pilot job. Idempotent: cancelling an unknown or finished job succeeds."""
+    def cancel(self, job_id: str, only_pending: bool = False) -> None:
+        """Cancel a pilot job. Idempotent: cancelling an unknown or finished job succeeds.
+
+        With only_pending the site cancels it only if it has not started yet
+        (checked by the batch system itself, not from a possibly stale list).
+        """
         ...

@@ -236,5 +236,5 @@ class SlurmCliBackend:
         # SIGUSR1 to the batch shell, which is the pilot wrapper itself.
         self._scancel(job_id, "--batch", f"--signal={RELEASE_SIGNAL}")
 
-    def cancel(self, job_id: str) -> None:
-        self._scancel(job_id)
+    def cancel(self, job_id: str, only_pending: bool = False) -> None:
+        self._scancel(job_id, *(["--state=PENDING"] if only_pending else []))

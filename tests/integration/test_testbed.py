@@ -11,7 +11,6 @@ from pathlib import Path
 
 import htcondor2 as htcondor
 import pytest
-
 from conftest import SITES, run, slurm_env
 
 PILOT_TOKEN = Path("/etc/provisioner/pilot.token")

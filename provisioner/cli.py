@@ -1,0 +1,124 @@
+"""`provisioner run | once | status | check-config`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from collections import Counter
+
+from provisioner.config import Config, ConfigError, load_config
+
+DEFAULT_CONFIG = "/etc/provisioner/provisioner.yaml"
+
+
+def _load(path: str) -> Config:
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        print(f"provisioner: configuration error:\n{exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True))  # noqa: E731
+    return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
+
+
+def cmd_once(config: Config, dry_run: bool) -> int:
+    from provisioner.service import Provisioner, describe
+
+    prov = Provisioner(config)
+    cycle = prov.run_cycle("once (dry run)" if dry_run else "once", dry_run=dry_run)
+    print("Plan (dry run, nothing applied):" if dry_run else "Plan:")
+    for action in cycle.plan.actions:
+        reason = getattr(action, "reason", "")
+        print(f"  {describe(action)}" + (f"  [{reason}]" if reason else ""))
+    if not cycle.plan.actions:
+        print("  nothing to do")
+    for u in cycle.plan.unmatchable:
+        print(f"  unmatchable: {u.idle} job(s) {u.shape.cpus} cores/{u.shape.memory_mb} MB: "
+              f"{u.reason}")
+    for text, outcome in cycle.outcomes:
+        print(f"  -> {text}: {outcome}")
+    return 0
+
+
+def cmd_status(config: Config) -> int:
+    from provisioner.journal import Journal
+    from provisioner.service import Provisioner
+
+    journal = Journal(config.journal)
+    prov = Provisioner(config, journal=journal)
+    obs = prov.observe()
+    snap = obs.snapshot
+    print(f"Pool {config.pool.collector} (provisioner id {config.pool.provisioner_id})")
+    if not snap.pool_known:
+        print("  pool: UNKNOWN (schedd or collector unreadable)")
+    else:
+        rows = [[str(d.shape.cpus), str(d.shape.memory_mb), str(d.shape.runtime_s or "-"),
+                 ",".join(d.shape.desired_sites) or "any", str(d.idle)]
+                for d in sorted(snap.demand, key=lambda d: -d.idle)]
+        print("\nIdle demand by job shape:")
+        print(_table(rows, ["cores", "memory MB", "runtime s", "sites", "idle jobs"])
+              if rows else "  no idle jobs")
+    flagged = journal.get("flagged", {}) or {}
+    print("\nPilots:")
+    rows = []
+    now = time.time()
+    for p in sorted(snap.pilots, key=lambda p: (p.site, int(p.job_id) if p.job_id.isdigit()
+                                                 else 0)):
+        left = f"{(p.walltime_end - now) / 60:.0f} min" if p.walltime_end else "-"
+        rows.append([p.site, p.job_id, p.state.value, f"{p.cpus - p.free_cpus}/{p.cpus}",
+                     str(p.memory_mb), left, "yes" if p.key in flagged else ""])
+    print(_table(rows, ["site", "job", "state", "cores used", "memory MB", "walltime left",
+                        "flagged"]) if rows else "  no pilots")
+    print("\nSites:")
+    for view in snap.sites:
+        counts = Counter(p.state.value for p in snap.pilots if p.site == view.name)
+        state = "ok" if view.known else f"UNKNOWN ({view.error})"
+        print(f"  {view.name}: {state}; " + (", ".join(f"{n} {s}" for s, n in
+                                                       sorted(counts.items())) or "no pilots"))
+    last = journal.get("last_cycle")
+    if last:
+        print(f"\nLast cycle {now - last['at']:.0f} s ago: {last['summary']}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="provisioner",
+                                     description="HTCondor pilots on SLURM sites, on demand.")
+    parser.add_argument("-c", "--config", default=os.environ.get("PROVISIONER_CONFIG",
+                                                                   DEFAULT_CONFIG),
+                        help=f"YAML configuration (default {DEFAULT_CONFIG} or "
+                             "$PROVISIONER_CONFIG)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("run", help="run the service in the foreground")
+    once = sub.add_parser("once", help="run one cycle and print the plan")
+    once.add_argument("--dry-run", action="store_true", help="plan only, change nothing")
+    sub.add_parser("status", help="queue demand, pilots per site and state, flagged pilots")
+    sub.add_parser("check-config", help="validate the configuration and exit")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    config = _load(args.config)
+    if args.command == "check-config":
+        print(f"{args.config}: ok ({len(config.sites)} site(s): {', '.join(config.site_names)})")
+        return 0
+    if args.command == "once":
+        return cmd_once(config, args.dry_run)
+    if args.command == "status":
+        return cmd_status(config)
+    from provisioner.service import Provisioner, run_forever
+
+    run_forever(Provisioner(config))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

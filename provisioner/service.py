@@ -1,0 +1,373 @@
+"""The reconcile loop: observe (I/O, batched) -> plan (pure) -> act (I/O, idempotent).
+
+Observe reads one schedd query, one collector query and one `squeue` per site
+and builds an immutable Snapshot. `provisioner.plan.plan()` decides. Act applies
+the decisions: submits, releases (re-checked against a fresh collector read
+right before), cancels of pending pilots. A site or pool that cannot be read is
+unknown, never empty: plan() then takes no action there.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from provisioner import plan as planner
+from provisioner.cadence import CycleMark, Probe, cycle_due
+from provisioner.condor import PilotAd, Pool, PoolUnreachable
+from provisioner.config import Config
+from provisioner.journal import Journal
+from provisioner.model import (
+    Cancel,
+    Demand,
+    Flag,
+    Pilot,
+    PilotState,
+    Plan,
+    Release,
+    SiteView,
+    Snapshot,
+    Submit,
+    Unflag,
+)
+from provisioner.pilot.script import render_pilot_script
+from provisioner.sites import make_backend
+from provisioner.sites.base import (
+    BackendError,
+    PilotRequest,
+    SiteBackend,
+    SiteJob,
+    SiteJobState,
+)
+
+log = logging.getLogger(__name__)
+
+#: A released pilot whose startd ad is gone but whose SLURM job lingers this
+#: long is cancelled (nothing can run on it any more).
+LINGER_S = 60.0
+
+
+def ad_busy(ad: PilotAd, running_on: frozenset[str]) -> bool:
+    """Claimed resources per the collector, or a running job per the schedd."""
+    return (ad.claimed_slots > 0 or ad.free_cpus < ad.cpus
+            or ad.free_memory_mb < ad.memory_mb or ad.name in running_on)
+
+
+def pilot_state(job: SiteJob, ad: PilotAd | None,
+                running_on: frozenset[str] = frozenset()) -> PilotState:
+    """The pilot's state from its SLURM job, its startd ad (None: no ad) and the
+    startds the schedd runs jobs on."""
+    if job.state is SiteJobState.PENDING:
+        return PilotState.PENDING
+    if job.state is SiteJobState.ENDING:
+        return PilotState.ENDING
+    if ad is None:
+        return PilotState.STARTING
+    if ad.draining:
+        return PilotState.DRAINING
+    if ad_busy(ad, running_on):
+        return PilotState.BUSY
+    return PilotState.IDLE
+
+
+def merge_pilots(site: str, jobs: list[SiteJob], ads: Mapping[str, PilotAd],
+                 running_on: frozenset[str] = frozenset()) -> list[Pilot]:
+    """One Pilot per live SLURM job of the site, with what its startd advertises."""
+    out = []
+    for job in jobs:
+        ad = ads.get(f"{site}/{job.job_id}")
+        state = pilot_state(job, ad, running_on)
+        up = state in (PilotState.IDLE, PilotState.BUSY, PilotState.DRAINING)
+        out.append(Pilot(
+            site=site,
+            job_id=job.job_id,
+            state=state,
+            cpus=ad.cpus if ad else job.cpus,
+            memory_mb=ad.memory_mb if ad else job.memory_mb,
+            submitted_at=job.submitted_at,
+            started_at=job.started_at,
+            walltime_end=(ad.walltime_end if ad and ad.walltime_end else job.ends_at),
+            free_cpus=ad.free_cpus if up and ad else job.cpus,
+            free_memory_mb=ad.free_memory_mb if up and ad else job.memory_mb,
+            name=ad.name if ad else None,
+        ))
+    return out
+
+
+def ad_only_pilots(site: str, ads: Mapping[str, PilotAd], now: float,
+                   running_on: frozenset[str] = frozenset()) -> list[Pilot]:
+    """Pilots of a site whose squeue failed: what the collector shows, counted as is."""
+    out = []
+    for ad in ads.values():
+        if ad.site != site:
+            continue
+        busy = ad_busy(ad, running_on)
+        out.append(Pilot(site=site, job_id=ad.job_id,
+                         state=PilotState.BUSY if busy else PilotState.IDLE,
+                         cpus=ad.cpus, memory_mb=ad.memory_mb, submitted_at=now,
+                         walltime_end=ad.walltime_end, free_cpus=ad.free_cpus,
+                         free_memory_mb=ad.free_memory_mb, name=ad.name))
+    return out
+
+
+@dataclass
+class Observation:
+    snapshot: Snapshot
+    ads: dict[str, PilotAd]
+    jobs: dict[str, list[SiteJob]]
+    running_on: frozenset[str] = frozenset()
+
+
+@dataclass
+class CycleResult:
+    reason: str
+    observation: Observation
+    plan: Plan
+    outcomes: list[tuple[str, str]] = field(default_factory=list)  # (action text, outcome)
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def describe(action: Any) -> str:
+    if isinstance(action, Submit):
+        return (f"submit {action.count} at {action.site} "
+                f"({action.cpus} cores, {action.memory_mb} MB, {action.walltime_s} s)")
+    kind = type(action).__name__.lower()
+    return f"{kind} {action.pilot.key}"
+
+
+class Provisioner:
+    """Holds the backends, the pool reader and the hysteresis state between cycles."""
+
+    def __init__(self, config: Config, pool: Pool | None = None,
+                 backends: Mapping[str, SiteBackend] | None = None,
+                 journal: Journal | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.pool = pool or Pool(config.pool)
+        self.backends = dict(backends) if backends is not None else {
+            s.name: make_backend(s, config.pool) for s in config.sites}
+        self.journal = journal or Journal(config.journal)
+        self.clock = clock
+        self.flagged: dict[str, float] = {}
+        self.idle_cycles: dict[str, int] = {}
+        self.released: dict[str, float] = {}
+        self.last_submit: dict[str, float] = {}
+        self.last_mark: CycleMark | None = None
+        self.cycles = 0
+
+    # --- observe ---------------------------------------------------------
+    def observe(self) -> Observation:
+        now = self.clock()
+        pool_known = True
+        demand: tuple[Demand, ...] = ()
+        ads: dict[str, PilotAd] = {}
+        running_on: frozenset[str] = frozenset()
+        try:
+            queue = self.pool.queue()
+            demand, running_on = queue.demand, queue.running_on
+            ads = self.pool.pilot_ads()
+        except PoolUnreachable as exc:
+            log.error("pool unknown this cycle (no scale-down, no submissions): %s", exc)
+            pool_known = False
+        views, pilots, jobs = [], [], {}
+        for site in self.config.sites:
+            try:
+                site_jobs = list(self.backends[site.name].list_pilots())
+            except BackendError as exc:
+                log.error("site %s unknown this cycle: %s", site.name, exc)
+                views.append(SiteView(site.name, known=False, error=str(exc)))
+                pilots.extend(ad_only_pilots(site.name, ads, now, running_on))
+                continue
+            jobs[site.name] = site_jobs
+            views.append(SiteView(site.name, known=True))
+            pilots.extend(merge_pilots(site.name, site_jobs, ads, running_on))
+        snapshot = Snapshot(
+            demand=demand, pilots=tuple(pilots), sites=tuple(views), pool_known=pool_known,
+            flagged=dict(self.flagged), last_submit=dict(self.last_submit),
+            idle_cycles=dict(self.idle_cycles))
+        return Observation(snapshot, ads, jobs, running_on)
+
+    # --- act -------------------------------------------------------------
+    def _submit(self, action: Submit) -> str:
+        site = self.config.site(action.site)
+        backend = self.backends[action.site]
+        script = render_pilot_script(self.config, site, action.walltime_s)
+        request = PilotRequest(cpus=action.cpus, memory_mb=action.memory_mb,
+                               walltime_s=action.walltime_s,
+                               shutdown_margin_s=site.pilot.shutdown_margin_s, script=script)
+        ids = []
+        try:
+            for _ in range(action.count):
+                ids.append(backend.submit(request))
+        except BackendError as exc:
+            log.error("submission at %s stopped after %d of %d: %s", action.site, len(ids),
+                      action.count, exc)
+            return f"submitted {ids}; failed: {exc}"
+        finally:
+            if ids:
+                self.last_submit[action.site] = self.clock()
+        return f"submitted {ids}"
+
+    def _release(self, action: Release,
+                 fresh: tuple[Mapping[str, PilotAd], frozenset[str]] | None) -> str:
+        key = action.pilot.key
+        if fresh is None:
+            return "skipped: pool unreadable right before release"
+        ads, running_on = fresh
+        ad = ads.get(key)
+        if ad is None:
+            return "skipped: ad gone right before release"
+        if ad_busy(ad, running_on) or ad.draining:
+            return "skipped: claimed since the snapshot"
+        self.backends[action.pilot.site].release(action.pilot.job_id)
+        self.released[key] = self.clock()
+        return "release sent (the pilot drains itself if still idle)"
+
+    def _cleanup(self, obs: Observation) -> list[tuple[str, str]]:
+        """Cancel SLURM jobs of released pilots whose startd is gone but which linger."""
+        out = []
+        now = self.clock()
+        for key, at in list(self.released.items()):
+            site, job_id = key.split("/", 1)
+            if site not in obs.jobs:
+                continue  # site unknown this cycle
+            alive = any(j.job_id == job_id for j in obs.jobs[site])
+            if not alive:
+                del self.released[key]
+            elif key not in obs.ads and now - at > LINGER_S and obs.snapshot.pool_known:
+                try:
+                    self.backends[site].cancel(job_id)
+                    out.append((f"cancel {key}", "startd gone after release; job cancelled"))
+                    del self.released[key]
+                except BackendError as exc:
+                    out.append((f"cancel {key}", f"failed: {exc}"))
+        return out
+
+    def act(self, obs: Observation, result: Plan) -> list[tuple[str, str]]:
+        outcomes: list[tuple[str, str]] = []
+        releases = [a for a in result.actions if isinstance(a, Release)]
+        fresh: tuple[dict[str, PilotAd], frozenset[str]] | None = None
+        if releases:
+            try:  # one fresh schedd and collector read for all releases of this cycle
+                fresh = (self.pool.pilot_ads(), self.pool.queue().running_on)
+            except PoolUnreachable as exc:
+                log.error("no release this cycle, collector unreadable: %s", exc)
+        for action in result.actions:
+            text = describe(action)
+            try:
+                if isinstance(action, Submit):
+                    outcome = self._submit(action)
+                elif isinstance(action, Release):
+                    outcome = self._release(action, fresh)
+                elif isinstance(action, Cancel):
+                    self.backends[action.pilot.site].cancel(action.pilot.job_id,
+                                                            only_pending=True)
+                    outcome = "cancelled if still pending"
+                elif isinstance(action, Flag | Unflag):
+                    outcome = "ok"
+                else:
+                    outcome = "unknown action"
+            except BackendError as exc:
+                outcome = f"failed: {exc}"
+                log.error("%s: %s", text, outcome)
+            outcomes.append((text, outcome))
+        outcomes.extend(self._cleanup(obs))
+        return outcomes
+
+    # --- one cycle -------------------------------------------------------
+    def run_cycle(self, reason: str = "manual", dry_run: bool = False) -> CycleResult:
+        t0 = time.monotonic()
+        obs = self.observe()
+        t1 = time.monotonic()
+        now = self.clock()
+        result = planner.plan(obs.snapshot, self.config, now)
+        t2 = time.monotonic()
+        cycle = CycleResult(reason, obs, result)
+        if not dry_run:
+            cycle.outcomes = self.act(obs, result)
+            self.flagged, self.idle_cycles = planner.carry_over(obs.snapshot, result, now)
+            self.last_mark = CycleMark(
+                at=now, idle_jobs=sum(d.idle for d in obs.snapshot.demand),
+                idle_pilots=frozenset(p.key for p in obs.snapshot.pilots
+                                      if p.state is PilotState.IDLE),
+                flagged=len(self.flagged), unplaced=result.unplaced_jobs)
+        t3 = time.monotonic()
+        cycle.timings = {"observe": t1 - t0, "plan": t2 - t1, "act": t3 - t2}
+        self.cycles += 1
+        line = summary_line(cycle)
+        log.info("cycle %d (%s): %s", self.cycles, reason, line)
+        if not dry_run:
+            cid = self.journal.cycle(reason, line, cycle.timings)
+            for text, outcome in cycle.outcomes:
+                self.journal.action(cid, text.split()[0], "", text, "", outcome)
+            self.journal.put("flagged", self.flagged)
+            self.journal.put("last_cycle", {"at": now, "summary": line})
+        return cycle
+
+    def tick(self) -> CycleResult | None:
+        """The cheap check; runs a full cycle when cadence says one is due."""
+        now = self.clock()
+        try:
+            idle = self.pool.idle_count()
+            idle_pilots = frozenset(k for k, a in self.pool.pilot_ads().items()
+                                    if a.claimed_slots == 0 and a.free_cpus == a.cpus)
+        except PoolUnreachable as exc:
+            log.warning("quick check failed: %s", exc)
+            idle, idle_pilots = 0, frozenset()
+            if self.last_mark is not None and now - self.last_mark.at < \
+                    self.config.policy.interval_s:
+                return None
+        reason = cycle_due(now, Probe(idle, idle_pilots), self.last_mark, self.config.policy)
+        if not reason:
+            return None
+        return self.run_cycle(reason)
+
+
+def summary_line(cycle: CycleResult) -> str:
+    snap = cycle.observation.snapshot
+    demand = sum(d.idle for d in snap.demand)
+    parts = [f"demand {demand} idle jobs in {len(snap.demand)} shapes"
+             if snap.pool_known else "pool UNKNOWN"]
+    for view in snap.sites:
+        if not view.known:
+            parts.append(f"{view.name}: UNKNOWN")
+            continue
+        states = Counter(p.state.value for p in snap.pilots if p.site == view.name)
+        parts.append(f"{view.name}: " + (" ".join(f"{n} {s}" for s, n in sorted(states.items()))
+                                         or "no pilots"))
+    if cycle.plan.unmatchable:
+        parts.append(f"unmatchable {sum(u.idle for u in cycle.plan.unmatchable)}")
+    acts = [describe(a) for a in cycle.plan.actions]
+    parts.append("actions: " + (", ".join(acts) if acts else "none"))
+    t = cycle.timings
+    parts.append(f"observe {t.get('observe', 0):.2f}s plan {t.get('plan', 0) * 1000:.1f}ms "
+                 f"act {t.get('act', 0):.2f}s")
+    return "; ".join(parts)
+
+
+def run_forever(prov: Provisioner) -> None:
+    """The service: an APScheduler interval job, one instance at a time, missed runs coalesced."""
+    from apscheduler.schedulers.blocking import BlockingScheduler
+
+    sched = BlockingScheduler()
+
+    def job() -> None:
+        try:
+            prov.tick()
+        except Exception:  # one bad cycle must never stop the service
+            log.exception("cycle failed; the next one runs as scheduled")
+
+    sched.add_job(job, "interval", seconds=prov.config.policy.quick_check_s,
+                  max_instances=1, coalesce=True)
+    log.info("provisioner %s: %d site(s), interval %.0f s, quick check %.0f s",
+             prov.config.pool.provisioner_id, len(prov.config.sites),
+             prov.config.policy.interval_s, prov.config.policy.quick_check_s)
+    job()
+    try:
+        sched.start()
+    except (KeyboardInterrupt, SystemExit):
+        log.info("stopping")

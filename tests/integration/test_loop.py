@@ -1,0 +1,203 @@
+"""The provisioning loop end to end, against the testbed's real daemons.
+
+alice submits with plain condor_submit; the provisioner (as a service, or one
+cycle at a time) submits pilots to both SLURM sites; each pilot's startd joins
+through CCB from inside Apptainer; the jobs run; idle pilots are flagged, then
+released, and nothing is left in squeue.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import htcondor2 as htcondor
+import pytest
+from conftest import SITES, run, slurm_env
+
+from provisioner.config import load_config
+from provisioner.model import Flag, PilotState, Release, Submit, Unflag
+from provisioner.service import CycleResult, Provisioner
+
+CONFIG = "/src/deploy/testbed/provisioner.yaml"
+ALICE = Path("/home/alice")
+
+
+def wait_for(what: str, predicate: Callable[[], object], timeout: float, step: float = 1.0
+             ) -> object:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def squeue_ids(site: str) -> list[str]:
+    out = run(["squeue", "-h", "-u", "pilot", "-o", "%i"], env=slurm_env(site)).stdout
+    return out.split()
+
+
+def all_pilot_jobs() -> dict[str, list[str]]:
+    return {site: squeue_ids(site) for site in SITES}
+
+
+def pilot_startds() -> list[object]:
+    return htcondor.Collector().query(htcondor.AdType.Startd,
+                                      constraint='PilotProvisionerId =?= "testbed"',
+                                      projection=["Name"])
+
+
+def clean_pool() -> None:
+    """No jobs, no pilots, no pilot ads: pilots are stopped gracefully (TERM to
+    the wrapper) so their startds withdraw their ads; a hard scancel is the fallback."""
+    run(["condor_rm", "-all"], check=False)
+    for site in SITES:
+        run(["scancel", "-u", "pilot", "--batch", "--signal=TERM"], env=slurm_env(site),
+            check=False)
+    try:
+        wait_for("pilot jobs to stop", lambda: not any(all_pilot_jobs().values()), 60)
+    except AssertionError:
+        for site in SITES:
+            run(["scancel", "-u", "pilot"], env=slurm_env(site), check=False)
+        wait_for("no pilot jobs left", lambda: not any(all_pilot_jobs().values()), 30)
+    wait_for("no pilot startds left", lambda: not pilot_startds(), 30)
+
+
+@pytest.fixture
+def clean() -> Iterator[None]:
+    clean_pool()
+    yield
+    clean_pool()
+
+
+def submit(name: str, count: int, seconds: int, extra: str = "") -> str:
+    out = ALICE / "out" / name
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    sub = ALICE / f"{name}.sub"
+    sub.write_text(
+        "executable = /bin/sh\n"
+        f"arguments = \"-c 'sleep {seconds}; echo job-$(Process)-ok'\"\n"
+        f"output = {out}/$(Process).out\nerror = {out}/$(Process).err\nlog = {out}/job.log\n"
+        "request_cpus = 1\nrequest_memory = 500\n" + extra + f"queue {count}\n")
+    run(["chown", "-R", "alice:alice", str(ALICE)])
+    res = run(["condor_submit", "-terse", str(sub)], user="alice", cwd=str(ALICE)).stdout
+    return res.split(".")[0].strip()
+
+
+def jobs_left(cluster: str) -> int:
+    return len(htcondor.Schedd().query(constraint=f"ClusterId == {cluster}",
+                                       projection=["JobStatus"]))
+
+
+def assert_clean_completion(name: str, count: int) -> None:
+    out = ALICE / "out" / name
+    for i in range(count):
+        assert (out / f"{i}.out").read_text().strip() == f"job-{i}-ok"
+    events = (out / "job.log").read_text()
+    # Event codes: 005 terminated; 004 evicted, 009 aborted (removed), 012 held,
+    # 022 disconnected.
+    codes = [line[:3] for line in events.splitlines() if re.match(r"^\d{3} \(", line)]
+    assert codes.count("005") == count, events
+    for bad in ("004", "009", "012", "022"):
+        assert bad not in codes, f"event {bad} in the job log of {name}:\n{events}"
+    for bad in ("Job was evicted", "Job was aborted", "Job was held"):
+        assert bad not in events, f"{bad!r} in the job log of {name}"
+
+
+@pytest.fixture
+def service(clean: None, tmp_path: Path) -> Iterator[Path]:
+    """`provisioner run` as a real background service; yields its log file."""
+    logfile = tmp_path / "service.log"
+    with logfile.open("w") as f:
+        proc = subprocess.Popen(["provisioner", "-c", CONFIG, "run"], stdout=f,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield logfile
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def cycle_lines(logfile: Path) -> list[str]:
+    return [line for line in logfile.read_text().splitlines() if " cycle " in line]
+
+
+def test_jobs_run_on_pilots_at_both_sites_then_pilots_are_released(service: Path) -> None:
+    cluster = submit("eight", 8, 20)
+    # Pilots at both sites within two cycles (gsi is capped at one 4-core pilot).
+    wait_for("pilots at both sites", lambda: all(all_pilot_jobs().values()), 30)
+    assert len(cycle_lines(service)) <= 3, cycle_lines(service)
+    wait_for("all 8 jobs done", lambda: jobs_left(cluster) == 0, 240, step=2)
+    assert_clean_completion("eight", 8)
+    # Queue empty: each pilot is flagged in one cycle, released in a later one.
+    wait_for("all pilots gone from squeue", lambda: not any(all_pilot_jobs().values()), 120)
+    log = "\n".join(cycle_lines(service))
+    flagged = re.findall(r"flag (\w+/\d+)", log)
+    released = re.findall(r"release (\w+/\d+)", log)
+    assert set(released) >= {k for k in flagged}, log
+    for key in released:
+        assert log.index(f"flag {key}") < log.index(f"release {key}"), log
+    assert {k.split("/")[0] for k in released} == set(SITES), log
+    assert "failed" not in log
+
+
+def cycle(prov: Provisioner) -> CycleResult:
+    return prov.run_cycle("test")
+
+
+def test_flagged_pilot_is_unflagged_by_new_work_and_runs_it(clean: None) -> None:
+    prov = Provisioner(load_config(CONFIG))
+    cluster = submit("first", 1, 1)
+    first = cycle(prov)
+    submits = [a for a in first.plan.actions if isinstance(a, Submit)]
+    assert submits and submits[0].count == 1
+    wait_for("the job done", lambda: jobs_left(cluster) == 0, 120)
+
+    def flagged_pilot() -> str | None:
+        result = cycle(prov)
+        flags = [a.pilot.key for a in result.plan.actions if isinstance(a, Flag)]
+        return flags[0] if flags else None
+
+    key = wait_for("the idle pilot flagged", flagged_pilot, 60, step=2)
+    assert key in prov.flagged
+    # New work while flagged: the negotiator gives it to the flagged pilot.
+    cluster = submit("second", 1, 15)
+    wait_for("the job running", lambda: htcondor.Schedd().query(
+        constraint=f"ClusterId == {cluster} && JobStatus == 2", projection=["ClusterId"]), 60)
+    result = cycle(prov)
+    unflags = [a.pilot.key for a in result.plan.actions if isinstance(a, Unflag)]
+    assert unflags == [key], result.plan.actions
+    assert not [a for a in result.plan.actions if isinstance(a, Release | Submit)]
+    assert key not in prov.flagged
+    ad = htcondor.Schedd().query(constraint=f"ClusterId == {cluster}",
+                                 projection=["RemoteHost"])[0]
+    site, job_id = key.split("/")
+    assert f"pilot-{site}-{job_id}@" in ad["RemoteHost"]
+    wait_for("the second job done", lambda: jobs_left(cluster) == 0, 60)
+    assert_clean_completion("second", 1)
+
+
+def test_release_of_a_busy_pilot_is_refused_by_the_pilot(clean: None) -> None:
+    """Even a wrong release (pilot busy) never kills the job: the startd refuses."""
+    prov = Provisioner(load_config(CONFIG))
+    cluster = submit("busy", 1, 25)
+    cycle(prov)
+    wait_for("the job running", lambda: htcondor.Schedd().query(
+        constraint=f"ClusterId == {cluster} && JobStatus == 2", projection=["ClusterId"]), 90)
+    obs = prov.observe()
+    busy = [p for p in obs.snapshot.pilots if p.state is PilotState.BUSY]
+    assert len(busy) == 1
+    prov.backends[busy[0].site].release(busy[0].job_id)
+    time.sleep(5)
+    assert busy[0].job_id in squeue_ids(busy[0].site)
+    wait_for("the job done", lambda: jobs_left(cluster) == 0, 90)
+    assert_clean_completion("busy", 1)
