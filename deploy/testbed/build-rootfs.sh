@@ -78,7 +78,8 @@ log "building the pilot image base /opt/testbed/pilot-base"
 base="$target/opt/testbed/pilot-base"
 mkdir -p "$(dirname "$base")"
 bootstrap "$base"
-apt_in "$base" "$target.pilot-base.log" "apt-get install -y -q condor procps && apt-get clean"
+# Jobs read data through XCache (xrdcp) and check it (coreutils).
+apt_in "$base" "$target.pilot-base.log" "apt-get install -y -q condor procps xrootd-client && apt-get clean"
 rm -f "$base/usr/sbin/policy-rc.d"
 
 # Accounts: alice submits jobs; pilot is the site account pilot jobs run as.

@@ -31,15 +31,15 @@ def run(
     if user:
         full_env["HOME"] = f"/home/{user}"
         full_env["USER"] = user
-        argv = ["runuser", "-u", user, "--", "env", *[f"{k}={v}" for k, v in full_env.items()],
-                *(f"{k}={v}" for k, v in (env or {}).items()), *argv]
+        pairs = [f"{k}={v}" for k, v in {**full_env, **(env or {})}.items()]
+        argv = ["runuser", "-u", user, "--", "env", *pairs, *argv]
     else:
         full_env.update(env or {})
     proc = subprocess.run(list(argv), env=full_env, capture_output=True, text=True,
                           timeout=timeout, cwd=cwd)
     if check and proc.returncode != 0:
-        raise AssertionError(
-            f"{' '.join(argv)} exited {proc.returncode}\nstdout: {proc.stdout}\nstderr: {proc.stderr}")
+        raise AssertionError(f"{' '.join(argv)} exited {proc.returncode}\n"
+                             f"stdout: {proc.stdout}\nstderr: {proc.stderr}")
     return proc
 
 
@@ -51,9 +51,10 @@ def slurm_env(site: str) -> dict[str, str]:
 def testbed() -> None:
     """Fail loudly unless running inside a healthy testbed."""
     if not TESTBED_MARK.exists():
-        pytest.fail("not inside the testbed: run `make integration` (or "
-                    "`deploy/testbed/testbed exec -- pytest /src/tests/integration`)", pytrace=False)
+        pytest.fail("not inside the testbed: run `make integration` (or `deploy/testbed/"
+                    "testbed exec -- pytest /src/tests/integration`)", pytrace=False)
     proc = subprocess.run(["/src/deploy/testbed/inside/wait-healthy.sh"], capture_output=True,
-                          text=True, env={**os.environ, "TESTBED_UP_TIMEOUT": "120"})
+                          text=True, env={**os.environ, "TESTBED_UP_TIMEOUT": "120"},
+                          check=False)
     if proc.returncode != 0:
         pytest.fail(f"the testbed is not healthy:\n{proc.stderr}", pytrace=False)

@@ -1,0 +1,98 @@
+"""Unreachable pool or site: a logged, skipped cycle, never a crash and never a
+scale-down or submission based on missing data (real daemons, real failures)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from test_loop import CONFIG, clean_pool, jobs_left, submit, wait_for
+
+from provisioner.config import parse_config
+from provisioner.model import PilotState
+from provisioner.service import Provisioner
+
+
+def config_with(tmp_path: Path, edit: dict[str, object] | None = None,
+                site_edit: dict[str, dict[str, object]] | None = None) -> Path:
+    data = yaml.safe_load(Path(CONFIG).read_text())
+    data["journal"] = ""
+    for key, value in (edit or {}).items():
+        section, field = key.split(".")
+        data[section][field] = value
+    for site in data["sites"]:
+        site.update((site_edit or {}).get(site["name"], {}))
+    path = tmp_path / "provisioner.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.fixture
+def one_idle_job() -> object:
+    clean_pool()
+    cluster = submit("waiting", 1, 1)
+    yield cluster
+    clean_pool()
+
+
+def test_unreachable_collector_is_unknown_not_empty(tmp_path: Path, one_idle_job: str,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    path = config_with(tmp_path, {"pool.collector": "127.0.0.1:9"})
+    prov = Provisioner(parse_config(path.read_text(), str(path)))
+    cycle = prov.run_cycle("test", dry_run=True)
+    assert not cycle.observation.snapshot.pool_known
+    assert cycle.plan.actions == ()
+    assert "pool unknown this cycle" in caplog.text
+
+
+def test_unreachable_slurmctld_skips_that_site_only(tmp_path: Path, one_idle_job: str,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    conf = Path("/etc/slurm-frankfurt/slurm.conf").read_text()
+    dead = tmp_path / "slurm-dead"
+    dead.mkdir()
+    (dead / "slurm.conf").write_text(conf.replace("SlurmctldPort=6917", "SlurmctldPort=6999")
+                                     .replace("MessageTimeout", "#"))
+    (dead / "cgroup.conf").write_text("CgroupPlugin=disabled\n")
+    # Both sites could take the job; frankfurt is preferred but unreachable.
+    path = config_with(tmp_path, site_edit={"frankfurt": {"slurm_conf": str(dead / "slurm.conf"),
+                                                          "weight": 5.0}})
+    prov = Provisioner(parse_config(path.read_text(), str(path)))
+    cycle = prov.run_cycle("test", dry_run=True)
+    views = {v.name: v for v in cycle.observation.snapshot.sites}
+    assert views["gsi"].known and not views["frankfurt"].known
+    assert "site frankfurt unknown this cycle" in caplog.text
+    sites_acted = {getattr(a, "site", None) or a.pilot.site for a in cycle.plan.actions}
+    assert "frankfurt" not in sites_acted
+    assert sites_acted == {"gsi"}  # the demand moves to the reachable site
+
+
+def test_check_config_names_file_field_and_value(tmp_path: Path) -> None:
+    path = config_with(tmp_path, site_edit={"gsi": {"pilot": {
+        "cpus": 4, "memory_mb": 7800, "walltime_s": 90000}}})
+    proc = subprocess.run(["provisioner", "-c", str(path), "check-config"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert str(path) in proc.stderr and "sites[0].pilot.walltime_s" in proc.stderr
+    assert "90000" in proc.stderr and "28800" in proc.stderr
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("pool:\n  collector: [unclosed\n")
+    proc = subprocess.run(["provisioner", "-c", str(bad), "run"], capture_output=True, text=True)
+    assert proc.returncode == 2 and f"{bad}:" in proc.stderr and "malformed YAML" in proc.stderr
+
+
+def test_pilot_states_are_read_from_real_daemons(one_idle_job: str) -> None:
+    """A submitted pilot is seen PENDING or STARTING, then IDLE/BUSY, never lost."""
+    prov = Provisioner(parse_config(Path(CONFIG).read_text(), CONFIG))
+    prov.run_cycle("test")
+    seen: set[PilotState] = set()
+
+    def up() -> bool:
+        for p in prov.observe().snapshot.pilots:
+            seen.add(p.state)
+        return bool(seen & {PilotState.IDLE, PilotState.BUSY})
+
+    wait_for("a pilot up", up, 90, step=0.5)
+    wait_for("the job done", lambda: jobs_left(one_idle_job) == 0, 90)
+    assert seen & {PilotState.PENDING, PilotState.STARTING}
