@@ -1,0 +1,179 @@
+"""The translation at the I/O boundaries, with plain data: squeue JSON -> SiteJob,
+job/slot ClassAds -> demand and pilot ads, SLURM job + ad -> pilot state, the
+pilot's environment -> its HTCondor settings, the batch script's quoting."""
+
+from __future__ import annotations
+
+import pytest
+
+from provisioner.condor import pilot_ads_of, queue_view, startd_of
+from provisioner.config import parse_config
+from provisioner.model import JobShape, PilotState
+from provisioner.pilot.script import render_pilot_script
+from provisioner.pilot.wrapper import PilotError, local_config, params_from_env
+from provisioner.service import merge_pilots, pilot_state
+from provisioner.sites.base import PilotRequest, SiteJob, SiteJobState, Unreachable
+from provisioner.sites.slurm_cli import STATE_TABLE, SlurmCliBackend, parse_squeue
+
+
+class Ad(dict):  # type: ignore[type-arg]
+    """A ClassAd stand-in: attribute values already evaluated."""
+
+    def eval(self, attr: str) -> object:
+        return self[attr]
+
+
+def squeue_job(job_id: int, state: str, name: str = "htcpilot-t", **extra: object) -> dict:
+    job = {"job_id": job_id, "name": name, "job_state": [state],
+           "cpus": {"set": True, "infinite": False, "number": 4},
+           "memory_per_node": {"set": True, "infinite": False, "number": 7800},
+           "submit_time": {"set": True, "infinite": False, "number": 1000},
+           "start_time": {"set": True, "infinite": False, "number": 1010},
+           "end_time": {"set": True, "infinite": False, "number": 4610}}
+    job.update(extra)
+    return job
+
+
+def test_parse_squeue_translates_states_and_drops_finished_and_foreign_jobs() -> None:
+    doc = {"jobs": [squeue_job(1, "PENDING"), squeue_job(2, "RUNNING"),
+                    squeue_job(3, "COMPLETING"), squeue_job(4, "COMPLETED"),
+                    squeue_job(5, "RUNNING", name="someone-else")]}
+    jobs = {j.job_id: j for j in parse_squeue(doc, "htcpilot-t")}
+    assert set(jobs) == {"1", "2", "3"}
+    assert jobs["1"].state is SiteJobState.PENDING and jobs["1"].started_at is None
+    assert jobs["2"] == SiteJob("2", SiteJobState.RUNNING, 4, 7800, 1000.0, 1010.0, 4610.0)
+    assert jobs["3"].state is SiteJobState.ENDING
+
+
+def test_parse_squeue_unknown_state_is_an_error_not_a_guess() -> None:
+    with pytest.raises(Unreachable, match="WEIRD"):
+        parse_squeue({"jobs": [squeue_job(1, "WEIRD")]}, "htcpilot-t")
+    assert all(isinstance(k, str) for k in STATE_TABLE)
+
+
+def test_memory_per_cpu_fallback() -> None:
+    job = squeue_job(1, "RUNNING", memory_per_node={"set": False, "number": 0},
+                     memory_per_cpu={"set": True, "number": 1000})
+    assert parse_squeue({"jobs": [job]}, "htcpilot-t")[0].memory_mb == 4000
+
+
+def test_sbatch_argv_carries_the_shape_and_never_a_shell_string() -> None:
+    b = SlurmCliBackend(name="gsi", provisioner_id="t", executor=None, partition="main",
+                        account="acc")
+    argv = b.sbatch_argv(PilotRequest(cpus=2, memory_mb=3000, walltime_s=3601,
+                                      shutdown_margin_s=120, script="#!/bin/bash\n"))
+    assert argv[:2] == ["sbatch", "--parsable"]
+    assert {"--cpus-per-task=2", "--mem=3000M", "--time=61", "--signal=B:TERM@120",
+            "--partition=main", "--account=acc", "--job-name=htcpilot-t"} <= set(argv)
+
+
+def test_queue_view_groups_idle_jobs_and_names_busy_startds() -> None:
+    ads = [Ad(JobStatus=1, RequestCpus=1, RequestMemory=500, RequestDisk=10, RequestGPUs=0,
+              MaxRuntime=0, DesiredSites="", RemoteHost="")] * 3 + [
+        Ad(JobStatus=1, RequestCpus=2, RequestMemory=3000, RequestDisk=10, RequestGPUs=0,
+           MaxRuntime=600, DesiredSites="gsi, frankfurt", RemoteHost=""),
+        Ad(JobStatus=2, RequestCpus=1, RequestMemory=500, RequestDisk=10, RequestGPUs=0,
+           MaxRuntime=0, DesiredSites="", RemoteHost="slot1_3@pilot-gsi-7@node1")]
+    view = queue_view(ads)
+    demand = {d.shape: d.idle for d in view.demand}
+    assert demand[JobShape(1, 500, 10)] == 3
+    assert demand[JobShape(2, 3000, 10, runtime_s=600, desired_sites=("frankfurt", "gsi"))] == 1
+    assert view.running_on == frozenset({"pilot-gsi-7@node1"})
+    assert startd_of("pilot-x@y") == "pilot-x@y"
+
+
+def slot(name: str, **attrs: object) -> Ad:
+    base = {"Name": name, "PilotSite": "gsi", "PilotSlurmJobId": "7", "PilotWalltimeEnd": 5000,
+            "TotalSlotCpus": 4, "TotalSlotMemory": 7800, "State": "Unclaimed"}
+    base.update(attrs)
+    return Ad(base)
+
+
+def test_pilot_ads_fold_dynamic_slots_into_their_pilot() -> None:
+    ads = pilot_ads_of([
+        slot("slot1@pilot-gsi-7@node1", PartitionableSlot=True, Cpus=3, Memory=7288),
+        slot("slot1_1@pilot-gsi-7@node1", DynamicSlot=True, State="Claimed", Cpus=1,
+             Memory=512),
+        Ad(Name="slot1@other", PilotSite="", PilotSlurmJobId="")])
+    ad = ads["gsi/7"]
+    assert (ad.name, ad.cpus, ad.free_cpus, ad.claimed_slots) == ("pilot-gsi-7@node1", 4, 3, 1)
+    assert ad.walltime_end == 5000.0
+
+
+@pytest.mark.parametrize(("slurm", "ad_attrs", "running_on", "expected"), [
+    (SiteJobState.PENDING, None, (), PilotState.PENDING),
+    (SiteJobState.RUNNING, None, (), PilotState.STARTING),
+    (SiteJobState.ENDING, {}, (), PilotState.ENDING),
+    (SiteJobState.RUNNING, {"Cpus": 4, "Memory": 7800}, (), PilotState.IDLE),
+    (SiteJobState.RUNNING, {"Cpus": 3, "Memory": 7288}, (), PilotState.BUSY),
+    # The schedd already runs a job there; the collector's ad lags: busy.
+    (SiteJobState.RUNNING, {"Cpus": 4, "Memory": 7800}, ("pilot-gsi-7@node1",), PilotState.BUSY),
+    (SiteJobState.RUNNING, {"Cpus": 4, "Memory": 7800, "Draining": True}, (),
+     PilotState.DRAINING),
+])
+def test_pilot_state_table(slurm: SiteJobState, ad_attrs: dict[str, object] | None,
+                           running_on: tuple[str, ...], expected: PilotState) -> None:
+    job = SiteJob("7", slurm, 4, 7800, 1000.0, 1010.0, 4610.0)
+    ad = None
+    if ad_attrs is not None:
+        attrs = {"Cpus": 4, "Memory": 7800, **ad_attrs}
+        ad = pilot_ads_of([slot("slot1@pilot-gsi-7@node1", PartitionableSlot=True,
+                                **attrs)])["gsi/7"]
+    assert pilot_state(job, ad, frozenset(running_on)) is expected
+    pilots = merge_pilots("gsi", [job], {"gsi/7": ad} if ad else {}, frozenset(running_on))
+    assert pilots[0].state is expected and pilots[0].key == "gsi/7"
+
+
+ENV = {"PILOT_SITE": "gsi", "PILOT_PROVISIONER_ID": "t", "PILOT_COLLECTOR": "cm.example:9618",
+       "PILOT_UID_DOMAIN": "example", "PILOT_IMAGE": "/img.sif", "PILOT_TOKEN_FILE": "/t",
+       "PILOT_CONDOR_CONFIG": "/c", "PILOT_WALLTIME_S": "3600", "SLURM_JOB_ID": "42",
+       "SLURM_CPUS_ON_NODE": "4", "SLURM_MEM_PER_NODE": "7800"}
+
+
+def test_pilot_settings_from_slurm_environment(tmp_path: object) -> None:
+    p = params_from_env({**ENV, "SLURM_JOB_END_TIME": "9999"}, now=1000.0)
+    assert (p.cpus, p.memory_mb, p.walltime_end, p.job_id) == (4, 7800, 9999, "42")
+    assert params_from_env(ENV, now=1000.0).walltime_end == 4600
+    conf = local_config(p, tmp_path)  # type: ignore[arg-type]
+    assert "NUM_CPUS = 4\n" in conf and "MEMORY = 7800\n" in conf
+    assert 'PilotSite = "gsi"\n' in conf and "PilotWalltimeEnd = 9999\n" in conf
+    assert "CONDOR_HOST = cm.example\n" in conf
+
+
+def test_pilot_refuses_to_start_without_its_settings() -> None:
+    env = dict(ENV)
+    del env["PILOT_COLLECTOR"]
+    with pytest.raises(PilotError, match="PILOT_COLLECTOR"):
+        params_from_env(env, now=0.0)
+    with pytest.raises(PilotError, match="SLURM_CPUS_ON_NODE"):
+        params_from_env({**ENV, "SLURM_CPUS_ON_NODE": "four"}, now=0.0)
+
+
+SITE_YAML = """
+pool: {collector: "cm:9618", provisioner_id: t, uid_domain: example}
+sites:
+  - name: gsi
+    partition: main
+    max_walltime_s: 7200
+    template: gsi.sh.j2
+    image: /images/pilot.sif
+    xcache: "root://cache:1094"
+    pilot: {cpus: 4, memory_mb: 8000, walltime_s: 3600}
+    runtime: {log_dir: "/logs/pilot dir"}
+"""
+
+
+def test_batch_script_quotes_every_configured_value() -> None:
+    config = parse_config(SITE_YAML.replace('"/logs/pilot dir"', "/logs/pilots"), "t.yaml")
+    script = render_pilot_script(config, config.site("gsi"), 3600)
+    assert script.startswith("#!/bin/bash\n#SBATCH --nodes=1\n")
+    assert "export PILOT_XCACHE=root://cache:1094\n" in script
+    assert "exec /opt/venv/bin/python -m provisioner.pilot.wrapper" in script
+
+
+def test_config_refuses_shell_metacharacters_in_paths() -> None:
+    with pytest.raises(Exception, match="log_dir"):
+        parse_config(SITE_YAML, "t.yaml")
+    with pytest.raises(Exception, match="partition"):
+        parse_config(SITE_YAML.replace("partition: main", "partition: 'main; rm -rf /'"),
+                     "t.yaml")
