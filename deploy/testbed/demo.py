@@ -93,7 +93,7 @@ def main() -> int:
     print(f"== the provisioner runs (interval {config.policy.interval_s:.0f} s, quick check "
           f"{config.policy.quick_check_s:.0f} s); one line per cycle")
     prov = Provisioner(config)
-    first_submit = first_ad = None
+    first_submit = first_ad = None  # SLURM's submit time of the first pilot, first ad seen
     pilot_start: float | None = None
     done = False
     deadline = time.time() + TIMEOUT_S
@@ -102,14 +102,14 @@ def main() -> int:
         if cycle is not None:
             line = summary_line(cycle).rsplit("; observe", 1)[0]
             print(f"  [{time.time() - t_submit:5.0f} s] {cycle.reason}: {line}", flush=True)
-            if first_submit is None and any(o.startswith("submitted") for _, o in cycle.outcomes):
-                first_submit = time.time()
         jobs = htcondor.Schedd().query(projection=["JobStatus"])
         ads = prov.pool.pilot_ads()
         if first_ad is None and ads:
             first_ad = time.time()
-            pilot_start = min((j.started_at or time.time()) for site in prov.backends.values()
-                              for j in site.list_pilots() if j.started_at)
+            started = [j for b in prov.backends.values() for j in b.list_pilots()
+                       if j.started_at]
+            first = min(started, key=lambda j: j.started_at or 0.0)
+            first_submit, pilot_start = first.submitted_at, first.started_at
         squeue = pilot_jobs()
         if not jobs and not any(squeue.values()):
             done = True
@@ -131,7 +131,8 @@ def main() -> int:
     if first_submit and first_ad and pilot_start and starts:
         first_run = time.mktime(time.strptime(starts[0].split(")", 1)[1].strip()[:19],
                                               "%Y-%m-%d %H:%M:%S"))
-        print("   first job, from condor_submit to running on a fresh pilot:")
+        print("   first job, from condor_submit to running on a fresh pilot "
+              "(SLURM times have 1 s resolution):")
         print(f"     provisioner reaction {first_submit - t_submit:5.1f} s  (submit -> sbatch)")
         print(f"     SLURM dispatch       {pilot_start - first_submit:5.1f} s  (sbatch -> start)")
         print(f"     pilot boot           {first_ad - pilot_start:5.1f} s  "
