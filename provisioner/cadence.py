@@ -29,6 +29,7 @@ class CycleMark:
     idle_pilots: frozenset[str] = frozenset()
     flagged: int = 0  # pilots left flagged (waiting for their next idle observation)
     unplaced: int = 0  # idle jobs the cycle could not provision for (caps)
+    reserve: int = 0  # reserve job slots the cycle wanted (Plan.reserve_jobs)
 
 
 def cycle_due(now: float, probe: Probe, last: CycleMark | None, policy: PolicyConfig) -> str:
@@ -38,7 +39,9 @@ def cycle_due(now: float, probe: Probe, last: CycleMark | None, policy: PolicyCo
     `min_cycle_gap_s` after the last cycle, demand rose (more idle jobs), a pilot became
     idle that the last cycle did not see idle, or - once `quick_check_s` has passed -
     flagged pilots await confirmation (hysteresis costs seconds, not a full interval) or
-    the last cycle left demand unprovisioned because of caps.
+    the last cycle left demand unprovisioned because of caps. With a reserve, a pilot the
+    last cycle saw idle that is no longer idle (a job took it) also makes a cycle due, so
+    the reserve is topped up a cycle after it is drawn on, not when the queue grows.
     """
     if last is None:
         return "first cycle"
@@ -51,6 +54,8 @@ def cycle_due(now: float, probe: Probe, last: CycleMark | None, policy: PolicyCo
         return "idle jobs rose"
     if probe.idle_pilots - last.idle_pilots:
         return "pilot became idle"
+    if last.reserve and last.idle_pilots - probe.idle_pilots:
+        return "reserve drawn on"
     if last.flagged and since >= policy.quick_check_s:
         return "confirm flagged pilots"
     if last.unplaced and since >= policy.quick_check_s:

@@ -40,6 +40,38 @@ class PoolConfig(_Model):
     uid_domain: str = Field(default="testbed", pattern=r"^[A-Za-z0-9][A-Za-z0-9.-]*$")
 
 
+class ReserveConfig(_Model):
+    """Predictive headroom: free job slots kept for jobs that are about to arrive.
+
+    A job arriving while every pilot is busy waits for a new pilot: cycle delay, SLURM
+    queue wait and boot (the *lead time*). The reserve keeps
+    ``min(max_jobs, ceil(factor * sqrt(2 * a)))`` job slots free, where ``a`` is the number
+    of matchable jobs expected to arrive during one lead time (arrivals in the last
+    ``window_s`` x ``lead_s / window_s``, from `Snapshot.recent_arrivals`). ``sqrt(2 * a)``
+    is the standard deviation of (arrivals - completions) over a lead time when both are
+    Poisson at the same rate, so ``factor`` is a safety factor in standard deviations
+    (base-stock sizing). Slots are split over the recent arrivals by core count, in
+    proportion to their numbers; a slot takes the largest memory seen for its core count.
+    They are packed after all real demand: into free existing capacity first (which is then
+    kept, not released), then into new pilots within what the caps leave.
+
+    Cost: the reserve is idle allocation, about ``factor * sqrt(2 * a)`` cores at all times
+    while jobs arrive. ``enabled: false`` or ``factor: 0`` turns it off; no recent arrivals
+    means no reserve.
+    """
+
+    enabled: bool = True
+    #: Window over which the service counts arrivals (jobs with QDate >= now - window_s).
+    window_s: float = Field(default=900, gt=0)
+    #: Expected time from a submission decision to a pilot taking jobs: cycle delay +
+    #: SLURM queue wait + pilot boot, at the sites the reserve goes to (highest weight).
+    lead_s: float = Field(default=240, ge=0)
+    #: Safety factor in standard deviations of net demand over one lead time.
+    factor: float = Field(default=2.5, ge=0)
+    #: Upper bound on reserved job slots (over all sites).
+    max_jobs: int = Field(default=64, ge=0)
+
+
 class PolicyConfig(_Model):
     interval_s: float = Field(default=300, gt=0)
     quick_check_s: float = Field(default=20, gt=0)
@@ -47,6 +79,7 @@ class PolicyConfig(_Model):
     idle_release_cycles: int = Field(default=2, ge=1)
     min_pilot_lifetime_s: float = Field(default=0, ge=0)
     max_submit_per_cycle: int = Field(default=20, ge=0)
+    reserve: ReserveConfig = ReserveConfig()
 
 
 class PilotShapeConfig(_Model):

@@ -94,6 +94,11 @@ class Snapshot:
     # pilot key -> number of consecutive cycles it has been observed idle *before* this one
     # (kept by the service; optional: when absent, a flagged pilot counts as idle once).
     idle_cycles: dict[str, int] = field(default_factory=dict)
+    # Jobs submitted within the last `arrival_window_s` seconds (QDate >= now - window) that
+    # are still in the queue, any state, grouped by shape (`Demand.idle` holds the count).
+    # Sizes the predictive reserve (`policy.reserve`); empty or window 0 = no reserve.
+    recent_arrivals: tuple[Demand, ...] = ()
+    arrival_window_s: float = 0.0
 
 
 # Actions: returned as data, applied by the service.
@@ -159,6 +164,7 @@ class SiteSummary:
     new_pilots: int = 0
     new_cpus: int = 0
     capped: str = ""  # which cap limited the site, if any
+    reserve_jobs: int = 0  # reserve job slots held at this site (existing + new pilots)
 
 
 @dataclass(frozen=True)
@@ -167,6 +173,8 @@ class Plan:
     unmatchable: tuple[Unmatchable, ...] = ()
     summary: tuple[SiteSummary, ...] = ()
     unplaced_jobs: int = 0  # matchable idle jobs left without capacity because of caps
+    reserve_jobs: int = 0  # reserve job slots wanted this cycle (policy.reserve)
+    reserve_held: int = 0  # of which placed in existing or new pilots
 
     @property
     def submits(self) -> tuple[Submit, ...]:

@@ -11,10 +11,14 @@ One cycle:
 3. Pack what is left into new pilots, site by site in decreasing weight, each site limited by
    its caps and the global per-cycle cap; what a capped or unknown site cannot take spills to
    the next. New pilots are sized down to what they hold (between min_cpus and cpus).
-4. Pilots: IDLE without assigned demand are flagged, and released once observed idle for
-   `idle_release_cycles` consecutive cycles (minimum lifetime and keep_warm permitting);
-   flagged pilots that are busy again or received demand are unflagged; PENDING pilots
-   without assigned demand are cancelled (keep_warm permitting).
+   After the real demand, the predictive reserve (`policy.reserve`, sized from
+   `Snapshot.recent_arrivals`) is packed the same way as idle jobs of the recently arrived
+   shapes: into free existing capacity first, then into new pilots within what the caps
+   leave. Real demand always goes first, at every site and for the global cap.
+4. Pilots: IDLE without assigned demand (or reserve) are flagged, and released once
+   observed idle for `idle_release_cycles` consecutive cycles (minimum lifetime and
+   keep_warm permitting); flagged pilots that are busy again or received demand are
+   unflagged; PENDING pilots without assigned demand are cancelled (keep_warm permitting).
 
 If the pool is unknown nothing happens; at an unknown site nothing happens, but its pilots'
 capacity still counts.
@@ -183,6 +187,63 @@ def _size_new_pilot(site: SiteConfig, used_cpus: int, used_mem: int) -> tuple[in
     return cpus, memory
 
 
+def reserve_size(matchable_arrivals: int, window_s: float, config: Config) -> int:
+    """Job slots to keep free for jobs about to arrive (see `ReserveConfig`): a safety
+    factor times the standard deviation of net demand over one lead time, capped."""
+    r = config.policy.reserve
+    if not r.enabled or window_s <= 0 or matchable_arrivals <= 0 or r.max_jobs <= 0:
+        return 0
+    expected = matchable_arrivals * r.lead_s / window_s
+    want = r.factor * math.sqrt(2.0 * expected)
+    return max(0, min(r.max_jobs, math.ceil(want - 1e-9)))
+
+
+Row = tuple[Item, JobShape, int, list[str]]
+
+
+def _reserve_rows(snapshot: Snapshot, config: Config, sites: Sequence[SiteConfig]) -> list[Row]:
+    """The reserve as rows of (item, shape, slots, fitting sites).
+
+    Recently arrived matchable jobs are grouped by (cpus, gpus, DesiredSites); a group's
+    reserve slot takes the largest memory seen in it and no stated runtime, so one slot
+    fits any recent job of that group. The reserve is split over the groups in proportion
+    to their arrivals (largest remainder)."""
+    counts: Counter[tuple[int, int, tuple[str, ...]]] = Counter()
+    memory: dict[tuple[int, int, tuple[str, ...]], int] = {}
+    for d in snapshot.recent_arrivals:
+        if d.idle <= 0:
+            continue
+        shape = d.shape
+        item = item_of(shape)
+        if not any(not site_rejects(shape, s, item) for s in sites):
+            continue  # unmatchable arrivals never cause a reserve
+        key = (item.cpus, item.gpus, shape.desired_sites)
+        counts[key] += d.idle
+        memory[key] = max(memory.get(key, 0), shape.memory_mb)
+    total = sum(counts.values())
+    size = reserve_size(total, snapshot.arrival_window_s, config)
+    if size == 0:
+        return []
+    order = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    quota = {key: size * n // total for key, n in order}
+    rest = size - sum(quota.values())
+    by_remainder = sorted(order, key=lambda kv: (-(size * kv[1] % total), -kv[1], kv[0]))
+    for key, _n in by_remainder[:rest]:
+        quota[key] += 1
+    rows: list[Row] = []
+    for key, _n in order:
+        if quota[key] <= 0:
+            continue
+        cpus, gpus, desired = key
+        shape = JobShape(cpus, memory[key], gpus=gpus, desired_sites=desired)
+        item = item_of(shape)
+        fits = [s.name for s in sites if not site_rejects(shape, s, item)]
+        if fits:  # the largest memory of a group may fit fewer sites than its jobs do
+            rows.append((item, shape, quota[key], fits))
+    rows.sort(key=lambda r: (r[0].cpus, r[0].memory_mb, r[0].gpus), reverse=True)
+    return rows
+
+
 def plan(snapshot: Snapshot, config: Config, now: float) -> Plan:
     """Decide this cycle's actions. Pure; `now` is the cycle's time (epoch seconds)."""
     if not snapshot.pool_known:
@@ -194,7 +255,7 @@ def plan(snapshot: Snapshot, config: Config, now: float) -> Plan:
 
     # 1. match demand to sites
     unmatchable: list[Unmatchable] = []
-    rows: list[tuple[Item, JobShape, int, list[str]]] = []
+    rows: list[Row] = []
     merged: Counter[JobShape] = Counter()
     for d in snapshot.demand:
         if d.idle > 0:
@@ -207,6 +268,10 @@ def plan(snapshot: Snapshot, config: Config, now: float) -> Plan:
             continue
         rows.append((item, shape, idle, fits))
     rows.sort(key=lambda r: (r[0].cpus, r[0].memory_mb, r[0].gpus), reverse=True)
+    n_real = len(rows)
+    ghosts = _reserve_rows(snapshot, config, sites)
+    rows.extend(ghosts)  # the reserve: after all real demand
+    reserve = sum(r[2] for r in ghosts)
     floor = Item(
         cpus=min((r[0].cpus for r in rows), default=1),
         memory_mb=min((r[0].memory_mb for r in rows), default=0),
@@ -218,6 +283,7 @@ def plan(snapshot: Snapshot, config: Config, now: float) -> Plan:
     existing = _existing_bins(snapshot.pilots, config, now, registry)
     left = [r[2] for r in rows]
     absorbed: Counter[str] = Counter()
+    absorbed_reserve: Counter[str] = Counter()
     for i, (item, _shape, _idle, fits) in enumerate(rows):
         deadline = now + (item.runtime_s or 0)
         for site_name in fits:
@@ -225,17 +291,21 @@ def plan(snapshot: Snapshot, config: Config, now: float) -> Plan:
                 got = bins.fill(item, left[i], deadline, floor)
                 if got:
                     left[i] -= got
-                    absorbed[site_name] += got
+                    (absorbed if i < n_real else absorbed_reserve)[site_name] += got
                     if left[i] == 0:
                         break
             if left[i] == 0:
                 break
 
-    # 3. new pilots, by site weight, within caps
+    # 3. new pilots, by site weight, within caps: real demand at every site, then reserve
     counts = _site_counts(snapshot.pilots)
     global_left = config.policy.max_submit_per_cycle
     actions: list[Action] = []
     summaries: list[SiteSummary] = []
+    rooms: dict[str, dict[str, int]] = {}
+    news: dict[str, NewPilots] = {}
+    placed: dict[str, list[int]] = {}  # site -> [real jobs, reserve slots] on new pilots
+    site_demand: dict[str, tuple[int, int]] = {}
     for site in sites:
         c = counts[site.name]
         room = {
@@ -244,39 +314,66 @@ def plan(snapshot: Snapshot, config: Config, now: float) -> Plan:
             "site max_submit_per_cycle": site.caps.max_submit_per_cycle,
             "policy max_submit_per_cycle": global_left,
         }
+        rooms[site.name] = room
         allowed = max(0, min(room.values())) if site_ok[site.name] else 0
         new = NewPilots(
             site.pilot.cpus, site.pilot.memory_mb, site.pilot.gpus,
             site.pilot.usable_s, allowed, site.pilot.pack_cpus,
         )
-        site_jobs = site_cpus = 0
-        for i, (item, _shape, _idle, fits) in enumerate(rows):
+        news[site.name] = new
+        site_jobs = site_cpus = jobs_new = 0
+        for i in range(n_real):
+            item, _shape, _idle, fits = rows[i]
             if left[i] and site.name in fits:
                 site_jobs += left[i]
                 site_cpus += left[i] * item.cpus
-                left[i] -= new.fill(item, left[i], True)
+                got = new.fill(item, left[i], True)
+                left[i] -= got
+                jobs_new += got
+        placed[site.name] = [jobs_new, 0]
+        site_demand[site.name] = (site_jobs, site_cpus)
+        global_left -= new.opened
+    for site in sites:
+        if not ghosts:
+            break
+        new = news[site.name]
+        before = new.opened
+        new.allowed = min(new.allowed, before + max(0, global_left))
+        for i in range(n_real, len(rows)):
+            item, _shape, _idle, fits = rows[i]
+            if left[i] and site.name in fits:
+                got = new.fill(item, left[i], True)
+                left[i] -= got
+                placed[site.name][1] += got
+        global_left -= new.opened - before
+    for site in sites:
+        new = news[site.name]
         shapes: Counter[tuple[int, int]] = Counter()
-        jobs_new = 0
         for g in new.registry:
             if g.count > 0 and g.jobs > 0:
                 shapes[_size_new_pilot(site, g.used_cpus, g.used_mem)] += g.count
-                jobs_new += g.jobs * g.count
         n_new = sum(shapes.values())
-        global_left -= n_new
+        jobs_new, reserve_new = placed[site.name]
+        why = f"{jobs_new} idle jobs"
+        if reserve_new:
+            why += f" and {reserve_new} reserve slots"
         for (cpus, mem), n in sorted(shapes.items(), reverse=True):
             actions.append(Submit(
                 site=site.name, count=n, cpus=cpus, memory_mb=mem,
                 walltime_s=site.pilot.walltime_s,
-                reason=f"{jobs_new} idle jobs need {n_new} new pilots at {site.name}",
+                reason=f"{why} need {n_new} new pilots at {site.name}",
             ))
         capped = ""
-        if any(left[i] and site.name in r[3] for i, r in enumerate(rows)):
+        room = rooms[site.name]
+        if any(left[i] and site.name in rows[i][3] for i in range(n_real)):
             capped = min(room, key=lambda k: room[k]) if site_ok[site.name] else "site unknown"
+        site_jobs, site_cpus = site_demand[site.name]
         summaries.append(SiteSummary(
             site=site.name, demand_jobs=site_jobs + absorbed[site.name],
             demand_cpus=site_cpus, existing_jobs=absorbed[site.name],
             new_pilot_jobs=jobs_new, new_pilots=n_new,
             new_cpus=sum(cp * n for (cp, _m), n in shapes.items()), capped=capped,
+            reserve_jobs=absorbed_reserve[site.name] + reserve_new,
         ))
 
     # 4. existing pilots: flag / unflag / release / cancel
@@ -286,7 +383,9 @@ def plan(snapshot: Snapshot, config: Config, now: float) -> Plan:
         actions=tuple(actions),
         unmatchable=tuple(unmatchable),
         summary=tuple(summaries),
-        unplaced_jobs=sum(left),
+        unplaced_jobs=sum(left[:n_real]),
+        reserve_jobs=reserve,
+        reserve_held=reserve - sum(left[n_real:]),
     )
 
 

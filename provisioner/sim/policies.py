@@ -42,11 +42,13 @@ class PlanPolicy:
         probe = Probe(world.idle_jobs(), idle_pilots)
         if not cycle_due(now, probe, self.last, self.config.policy):
             return []
-        snap = world.snapshot(self.flagged, self.idle_cycles)
+        reserve = self.config.policy.reserve
+        window = reserve.window_s if reserve.enabled else 0.0
+        snap = world.snapshot(self.flagged, self.idle_cycles, arrival_window_s=window)
         result = plan(snap, self.config, now)
         self.flagged, self.idle_cycles = carry_over(snap, result, now)
         self.last = CycleMark(now, probe.idle_jobs, idle_pilots, len(self.flagged),
-                              result.unplaced_jobs)
+                              result.unplaced_jobs, result.reserve_jobs)
         self.cycles += 1
         return list(result.actions)
 

@@ -39,7 +39,8 @@ def synthetic_snapshot(
     now: float = 1_000_000.0,
 ) -> tuple[Snapshot, Config]:
     """`n_jobs` idle jobs spread over `n_shapes` distinct shapes, `n_pilots` pilots in all
-    states over `n_sites` sites (including some unmatchable shapes and flagged pilots)."""
+    states over `n_sites` sites (including some unmatchable shapes and flagged pilots), and
+    recent arrivals in every shape (so the reserve is part of the timed work)."""
     rng = random.Random(seed)
     config = synthetic_config(n_sites)
     shapes: dict[JobShape, None] = {}
@@ -87,5 +88,8 @@ def synthetic_snapshot(
             flagged[p.key] = now - 300
     views = tuple(SiteView(s.name, known=(i != n_sites - 1))
                   for i, s in enumerate(config.sites))
-    snap = Snapshot(demand=demand, pilots=tuple(pilots), sites=views, flagged=flagged)
+    # jobs submitted in the last 15 minutes, in every shape: the predictive reserve runs too
+    arrivals = tuple(Demand(s, rng.randint(1, 20)) for s in ordered)
+    snap = Snapshot(demand=demand, pilots=tuple(pilots), sites=views, flagged=flagged,
+                    recent_arrivals=arrivals, arrival_window_s=900.0)
     return snap, config

@@ -19,6 +19,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -190,7 +191,8 @@ class World:
         self._seq = 0
         self.queue: list[SimJob] = []  # idle matchable jobs, submission order
         self.unmatchable: list[SimJob] = []
-        self.jobs: list[SimJob] = []
+        self.jobs: list[SimJob] = []  # arrival order
+        self._submit_times: list[float] = []  # of self.jobs, ascending
         self.pilots: dict[int, SimPilot] = {}  # not yet ended
         self.all_pilots: list[SimPilot] = []
         self.pending: dict[str, list[SimPilot]] = {name: [] for name in self.sites}
@@ -241,8 +243,18 @@ class World:
     def idle_jobs(self) -> int:
         return len(self.queue) + len(self.unmatchable)
 
+    def recent_arrivals(self, window_s: float) -> tuple[Demand, ...]:
+        """What one schedd query gives the service: jobs with QDate >= now - window_s that
+        are still in the queue (idle, running or unmatchable; finished jobs have left it),
+        grouped by shape."""
+        first = bisect_left(self._submit_times, self.now - window_s)
+        shapes: Counter[JobShape] = Counter(
+            j.shape for j in self.jobs[first:] if j.end is None)
+        return tuple(Demand(s, n) for s, n in shapes.items())
+
     def snapshot(self, flagged: dict[str, float] | None = None,
-                 idle_cycles: dict[str, int] | None = None) -> Snapshot:
+                 idle_cycles: dict[str, int] | None = None,
+                 arrival_window_s: float = 0.0) -> Snapshot:
         shapes: Counter[JobShape] = Counter(j.shape for j in self.queue)
         shapes.update(j.shape for j in self.unmatchable)
         return Snapshot(
@@ -251,6 +263,8 @@ class World:
             sites=tuple(SiteView(name, True) for name in self.sites),
             flagged=dict(flagged or {}),
             idle_cycles=dict(idle_cycles or {}),
+            recent_arrivals=self.recent_arrivals(arrival_window_s) if arrival_window_s else (),
+            arrival_window_s=arrival_window_s,
         )
 
     # -- actions ------------------------------------------------------------------------------
@@ -389,6 +403,7 @@ class World:
                 assert isinstance(payload, SimJob)
                 arrivals_left -= 1
                 self.jobs.append(payload)
+                self._submit_times.append(payload.spec.submit)
                 if self._fits_somewhere(payload.shape):
                     self.queue.append(payload)
                 else:

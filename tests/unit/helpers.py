@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from provisioner.config import CapsConfig, Config, PilotShapeConfig, PolicyConfig, SiteConfig
+from provisioner.config import (
+    CapsConfig,
+    Config,
+    PilotShapeConfig,
+    PolicyConfig,
+    ReserveConfig,
+    SiteConfig,
+)
 from provisioner.model import Demand, JobShape, Pilot, PilotState, SiteView, Snapshot
 
 NOW = 100_000.0
@@ -25,10 +32,11 @@ def site(name: str = "gsi", cpus: int = 16, min_cpus: int = 1, memory_mb: int = 
 
 
 def config(*sites: SiteConfig, max_submit: int = 20, release_cycles: int = 2,
-           min_lifetime: float = 0) -> Config:
+           min_lifetime: float = 0, reserve: ReserveConfig | None = None) -> Config:
     return Config(
         policy=PolicyConfig(max_submit_per_cycle=max_submit, idle_release_cycles=release_cycles,
-                            min_pilot_lifetime_s=min_lifetime),
+                            min_pilot_lifetime_s=min_lifetime,
+                            reserve=reserve or ReserveConfig()),
         sites=sites or (site(),),
     )
 
@@ -50,11 +58,15 @@ def pilot(job_id: str, state: PilotState, site: str = "gsi", cpus: int = 16,
 
 def snap(demand: list[tuple[JobShape, int]] = (), pilots: list[Pilot] = (),  # type: ignore[assignment]
          sites: tuple[str, ...] = ("gsi",), unknown: tuple[str, ...] = (),
-         flagged: dict[str, float] | None = None, pool_known: bool = True) -> Snapshot:
+         flagged: dict[str, float] | None = None, pool_known: bool = True,
+         arrivals: list[tuple[JobShape, int]] = (),  # type: ignore[assignment]
+         window: float = 900.0) -> Snapshot:
     return Snapshot(
         demand=tuple(Demand(s, n) for s, n in demand),
         pilots=tuple(pilots),
         sites=tuple(SiteView(n, n not in unknown) for n in sites),
         pool_known=pool_known,
         flagged=dict(flagged or {}),
+        recent_arrivals=tuple(Demand(s, n) for s, n in arrivals),
+        arrival_window_s=window if arrivals else 0.0,
     )

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from provisioner.config import Config
+from provisioner.config import Config, ReserveConfig
 from provisioner.model import (
     Cancel,
     Demand,
@@ -47,9 +48,16 @@ def configs(draw: st.DrawFn) -> Config:
             max_submit=draw(st.integers(0, 6)), keep_warm=draw(st.integers(0, 2)),
             target_cpus=draw(st.one_of(st.none(), st.integers(1, cpus))),
         ))
+    reserve = ReserveConfig(
+        enabled=draw(st.sampled_from((True, True, False))),
+        window_s=draw(st.sampled_from((60, 900))),
+        lead_s=draw(st.sampled_from((0, 240, 3600))),
+        factor=draw(st.sampled_from((0, 1.0, 2.5))),
+        max_jobs=draw(st.sampled_from((0, 3, 64))),
+    )
     return config(*sites, max_submit=draw(st.integers(0, 12)),
                   release_cycles=draw(st.integers(1, 3)),
-                  min_lifetime=draw(st.sampled_from((0, 600))))
+                  min_lifetime=draw(st.sampled_from((0, 600))), reserve=reserve)
 
 
 shapes = st.builds(
@@ -61,6 +69,7 @@ shapes = st.builds(
     desired_sites=st.sampled_from(((), (), ("a",), ("b", "c"), ("z",))),
 )
 demands = st.lists(st.builds(Demand, shape=shapes, idle=st.integers(1, 60)), max_size=8)
+arrivals = st.lists(st.builds(Demand, shape=shapes, idle=st.integers(0, 300)), max_size=4)
 
 
 @st.composite
@@ -96,7 +105,9 @@ def scenarios(draw: st.DrawFn) -> tuple[Snapshot, Config]:
     views = tuple(SiteView(n, draw(st.booleans()) or n == "a") for n in SITES)
     snap = Snapshot(demand=tuple(draw(demands)), pilots=tuple(ps), sites=views,
                     flagged=flagged,
-                    idle_cycles={k: draw(st.integers(0, 3)) for k in flagged})
+                    idle_cycles={k: draw(st.integers(0, 3)) for k in flagged},
+                    recent_arrivals=tuple(draw(arrivals)),
+                    arrival_window_s=draw(st.sampled_from((0.0, 900.0, 900.0))))
     return snap, cfg
 
 
@@ -136,10 +147,8 @@ def test_never_plans_for_unmatchable_jobs(sc: tuple[Snapshot, Config]) -> None:
         assert all(site_rejects(u.shape, s) for s in cfg.sites)
         assert u.reason
     unmatchable = {u.shape for u in result.unmatchable}
-    matchable_only = Snapshot(
-        demand=tuple(d for d in snap.demand if d.shape not in unmatchable),
-        pilots=snap.pilots, sites=snap.sites, flagged=snap.flagged,
-        idle_cycles=snap.idle_cycles)
+    matchable_only = dataclasses.replace(
+        snap, demand=tuple(d for d in snap.demand if d.shape not in unmatchable))
     assert plan(matchable_only, cfg, NOW).actions == result.actions
 
 
@@ -202,8 +211,7 @@ def test_more_demand_never_reduces_planned_capacity(
     capped pilots is a greedy bin-packing choice, and a bigger job can crowd out a
     better-packing set.)"""
     snap, cfg = sc
-    more = Snapshot(demand=snap.demand + tuple(extra), pilots=snap.pilots, sites=snap.sites,
-                    flagged=snap.flagged, idle_cycles=snap.idle_cycles)
+    more = dataclasses.replace(snap, demand=snap.demand + tuple(extra))
     plan_more = plan(more, cfg, NOW)
     pilots_before, cores_before = planned_capacity(snap, plan(snap, cfg, NOW))
     pilots_after, cores_after = planned_capacity(more, plan_more)
@@ -223,8 +231,7 @@ def test_empty_queue_no_pilots_plans_nothing(cfg: Config) -> None:
 @given(scenarios())
 def test_pool_unknown_means_no_actions(sc: tuple[Snapshot, Config]) -> None:
     snap, cfg = sc
-    blind = Snapshot(demand=snap.demand, pilots=snap.pilots, sites=snap.sites,
-                     pool_known=False, flagged=snap.flagged)
+    blind = dataclasses.replace(snap, pool_known=False)
     assert plan(blind, cfg, NOW).actions == ()
 
 
@@ -233,3 +240,53 @@ def test_pool_unknown_means_no_actions(sc: tuple[Snapshot, Config]) -> None:
 def test_plan_is_deterministic(sc: tuple[Snapshot, Config]) -> None:
     snap, cfg = sc
     assert plan(snap, cfg, NOW) == plan(snap, cfg, NOW)
+
+
+def without_arrivals(snap: Snapshot) -> Snapshot:
+    return dataclasses.replace(snap, recent_arrivals=(), arrival_window_s=0.0)
+
+
+@SETTINGS
+@given(scenarios())
+def test_reserve_bounded_and_zero_without_arrivals(sc: tuple[Snapshot, Config]) -> None:
+    """The reserve never exceeds max_jobs; no arrivals (or no window) means no reserve and
+    exactly the plan of a service that does not know arrivals at all."""
+    snap, cfg = sc
+    result = plan(snap, cfg, NOW)
+    assert 0 <= result.reserve_held <= result.reserve_jobs <= cfg.policy.reserve.max_jobs
+    assert sum(s.reserve_jobs for s in result.summary) <= result.reserve_held
+    bare = without_arrivals(snap)
+    plain = plan(bare, cfg, NOW)
+    assert plain.reserve_jobs == 0
+    off = cfg.model_copy(update={"policy": cfg.policy.model_copy(
+        update={"reserve": ReserveConfig(enabled=False)})})
+    assert plan(bare, off, NOW) == plain
+    if not snap.recent_arrivals or snap.arrival_window_s == 0:
+        assert result == plain
+
+
+@SETTINGS
+@given(scenarios())
+def test_reserve_never_takes_capacity_from_real_demand(sc: tuple[Snapshot, Config]) -> None:
+    """Real demand is placed exactly as without a reserve; the reserve only adds."""
+    snap, cfg = sc
+    with_reserve = plan(snap, cfg, NOW)
+    plain = plan(without_arrivals(snap), cfg, NOW)
+    assert with_reserve.unplaced_jobs == plain.unplaced_jobs
+    assert with_reserve.unmatchable == plain.unmatchable
+    for a, b in zip(with_reserve.summary, plain.summary, strict=True):
+        assert (a.existing_jobs, a.new_pilot_jobs) == (b.existing_jobs, b.new_pilot_jobs)
+    pilots_with, cores_with = planned_capacity(snap, with_reserve)
+    pilots_plain, cores_plain = planned_capacity(snap, plain)
+    assert pilots_with >= pilots_plain and cores_with >= cores_plain
+
+
+@SETTINGS
+@given(scenarios())
+def test_reserve_only_for_matchable_arrivals(sc: tuple[Snapshot, Config]) -> None:
+    snap, cfg = sc
+    matchable = tuple(
+        d for d in snap.recent_arrivals
+        if any(not site_rejects(d.shape, s) for s in cfg.sites))
+    only = dataclasses.replace(snap, recent_arrivals=matchable)
+    assert plan(only, cfg, NOW) == plan(snap, cfg, NOW)

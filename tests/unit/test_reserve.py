@@ -1,0 +1,101 @@
+"""The predictive reserve (policy.reserve): sizing, placement after real demand, keeping
+idle and pending pilots that hold it, and the cadence trigger when it is drawn on."""
+
+from __future__ import annotations
+
+import math
+
+from provisioner.cadence import CycleMark, Probe, cycle_due
+from provisioner.config import PolicyConfig, ReserveConfig
+from provisioner.model import Cancel, Flag, JobShape, PilotState, Release, Submit
+from provisioner.plan import plan, reserve_size
+
+from .helpers import NOW, config, pilot, site, snap
+
+ONE = JobShape(1, 2000)
+RES = ReserveConfig(window_s=900, lead_s=240, factor=2.5, max_jobs=64)
+
+
+def submits(p):  # type: ignore[no-untyped-def]
+    return [a for a in p.actions if isinstance(a, Submit)]
+
+
+def test_reserve_size_formula_and_zero_cases() -> None:
+    cfg = config(reserve=RES)
+    # 60 arrivals in 900 s -> 16 expected per 240 s lead -> 2.5 * sqrt(32) = 14.1 -> 15
+    assert reserve_size(60, 900, cfg) == math.ceil(2.5 * math.sqrt(32)) == 15
+    assert reserve_size(0, 900, cfg) == 0
+    assert reserve_size(60, 0, cfg) == 0  # unknown window: no reserve
+    assert reserve_size(60, 900, config(reserve=RES.model_copy(update={"factor": 0}))) == 0
+    assert reserve_size(60, 900, config(reserve=RES.model_copy(update={"enabled": False}))) == 0
+    assert reserve_size(10**6, 900, cfg) == 64  # max_jobs
+
+
+def test_no_arrivals_no_reserve() -> None:
+    result = plan(snap([(ONE, 3)]), config(reserve=RES), NOW)
+    assert result.reserve_jobs == 0
+    assert sum(s.cpus * s.count for s in submits(result)) == 3
+
+
+def test_reserve_submits_pilots_without_idle_jobs() -> None:
+    cfg = config(site(max_pilots=100, max_pending=50, max_submit=50), reserve=RES)
+    result = plan(snap(arrivals=[(ONE, 60)]), cfg, NOW)
+    assert result.reserve_jobs == result.reserve_held == 15
+    assert sum(s.cpus * s.count for s in submits(result)) == 15  # target_cpus None: packed
+    assert all("reserve" in s.reason for s in submits(result))
+
+
+def test_reserve_comes_after_real_demand_under_caps() -> None:
+    cfg = config(site(cpus=1, max_pilots=100, max_pending=50, max_submit=4), reserve=RES)
+    result = plan(snap([(ONE, 3)], arrivals=[(ONE, 60)]), cfg, NOW)
+    assert sum(s.count for s in submits(result)) == 4
+    assert result.unplaced_jobs == 0 and result.reserve_held == 1
+
+
+def test_idle_pilot_holding_the_reserve_is_kept() -> None:
+    idle = pilot("1", PilotState.IDLE, cpus=1, memory_mb=4000)
+    flagged = {idle.key: NOW - 300}
+    cfg = config(reserve=RES)
+    kept = plan(snap([], [idle], flagged=flagged, arrivals=[(ONE, 4)]), cfg, NOW)
+    assert not [a for a in kept.actions if isinstance(a, (Release, Flag))]
+    released = plan(snap([], [idle], flagged=flagged), cfg, NOW)
+    assert [a for a in released.actions if isinstance(a, Release)]
+
+
+def test_pending_pilot_holding_the_reserve_is_not_cancelled() -> None:
+    pending = pilot("1", PilotState.PENDING, cpus=1, memory_mb=4000)
+    cfg = config(reserve=RES)
+    assert not [a for a in plan(snap([], [pending], arrivals=[(ONE, 4)]), cfg, NOW).actions
+                if isinstance(a, Cancel)]
+    assert [a for a in plan(snap([], [pending]), cfg, NOW).actions if isinstance(a, Cancel)]
+
+
+def test_unmatchable_arrivals_cause_no_reserve() -> None:
+    huge = JobShape(1, 2_000_000)
+    result = plan(snap(arrivals=[(huge, 500)]), config(reserve=RES), NOW)
+    assert result.reserve_jobs == 0 and result.actions == ()
+
+
+def test_reserve_slot_fits_the_largest_memory_of_its_core_count() -> None:
+    cfg = config(site(target_cpus=1, max_pilots=100, max_pending=50, max_submit=50),
+                 reserve=RES.model_copy(update={"max_jobs": 1}))
+    result = plan(snap(arrivals=[(JobShape(1, 1000), 50), (JobShape(1, 9000), 1)]), cfg, NOW)
+    (s,) = submits(result)
+    assert s.count == 1 and s.cpus == 1 and s.memory_mb >= 9088
+
+
+def test_reserve_split_by_core_count() -> None:
+    cfg = config(site(target_cpus=1, max_pilots=100, max_pending=50, max_submit=50),
+                 reserve=RES.model_copy(update={"max_jobs": 4}))
+    result = plan(snap(arrivals=[(JobShape(1, 1000), 60), (JobShape(8, 8000), 20)]), cfg, NOW)
+    cores = sorted(c for s in submits(result) for c in [s.cpus] * s.count)
+    assert cores == [1, 1, 1, 8]
+
+
+def test_cadence_reserve_drawn_on() -> None:
+    pol = PolicyConfig(interval_s=300, quick_check_s=20, min_cycle_gap_s=10)
+    mark = CycleMark(at=1000, idle_jobs=0, idle_pilots=frozenset({"a/1", "a/2"}), reserve=2)
+    assert cycle_due(1015, Probe(0, frozenset({"a/2"})), mark, pol) == "reserve drawn on"
+    assert cycle_due(1005, Probe(0, frozenset({"a/2"})), mark, pol) == ""  # minimum gap
+    no_reserve = CycleMark(at=1000, idle_jobs=0, idle_pilots=frozenset({"a/1", "a/2"}))
+    assert cycle_due(1015, Probe(0, frozenset({"a/2"})), no_reserve, pol) == ""
