@@ -287,7 +287,12 @@ def plan(snapshot: Snapshot, config: Config, now: float) -> Plan:
     for i, (item, _shape, _idle, fits) in enumerate(rows):
         deadline = now + (item.runtime_s or 0)
         for site_name in fits:
-            for bins in existing.get(site_name, ()):
+            site_bins = existing.get(site_name)
+            if not site_bins:
+                continue
+            for bins in site_bins:
+                if not bins.keys or bins.keys[0] < item.cpus:
+                    continue  # nothing there can hold this job (cheap pre-check)
                 got = bins.fill(item, left[i], deadline, floor)
                 if got:
                     left[i] -= got

@@ -7,6 +7,7 @@ from provisioner.config import (
     Config,
     PilotShapeConfig,
     PolicyConfig,
+    ReserveConfig,
     SiteConfig,
 )
 from provisioner.sim.policies import CobaldPolicy, PlanPolicy, PrototypePolicy
@@ -45,10 +46,12 @@ def default_sites(gsi_target: int | None = 1, frankfurt_target: int | None = 1,
     ]
 
 
-def default_config(sites: list[SiteModel]) -> Config:
+def default_config(sites: list[SiteModel], reserve: ReserveConfig | None = None) -> Config:
+    """The configuration `ours` runs with; the reserve is the default one unless given."""
     return Config(
         policy=PolicyConfig(interval_s=300, quick_check_s=20, min_cycle_gap_s=10,
-                            idle_release_cycles=2, max_submit_per_cycle=120),
+                            idle_release_cycles=2, max_submit_per_cycle=120,
+                            reserve=reserve or ReserveConfig()),
         sites=tuple(s.config for s in sites),
     )
 
@@ -64,10 +67,11 @@ def make_policy(name: str, config: Config) -> Policy:
 
 
 def run_scenario(policy: str, trace: str, seed: int = 1, duration: float = 2 * 86400,
-                 sites: list[SiteModel] | None = None) -> RunResult:
+                 sites: list[SiteModel] | None = None,
+                 reserve: ReserveConfig | None = None) -> RunResult:
     """One simulated run: `policy` over `trace` generated with `seed`."""
     sites = sites if sites is not None else default_sites()
-    config = default_config(sites)
+    config = default_config(sites, reserve)
     jobs = TRACES[trace](seed)
     world = World(sites, config, seed=seed + 1000)
     return world.run(make_policy(policy, config), [j for j in jobs if j.submit < duration],
