@@ -21,7 +21,7 @@ from provisioner.model import Demand, JobShape
 
 log = logging.getLogger(__name__)
 
-JOB_ATTRS = ["JobStatus", "RemoteHost", "RequestCpus", "RequestMemory", "RequestDisk",
+JOB_ATTRS = ["JobStatus", "RemoteHost", "QDate", "RequestCpus", "RequestMemory", "RequestDisk",
              "RequestGPUs", "MaxRuntime", "DesiredSites"]
 SLOT_ATTRS = ["Name", "Machine", "PilotSite", "PilotSlurmJobId",
               "PilotWalltimeEnd", "PartitionableSlot", "DynamicSlot", "State", "Activity",
@@ -91,6 +91,8 @@ class QueueView:
 
     demand: tuple[Demand, ...]
     running_on: frozenset[str]  # startd names (after "slotN_M@") with a running job
+    #: Jobs still queued (idle or running) submitted within the arrival window, by shape.
+    recent_arrivals: tuple[Demand, ...] = ()
 
 
 def startd_of(remote_host: str) -> str:
@@ -99,17 +101,23 @@ def startd_of(remote_host: str) -> str:
         "@" in remote_host else remote_host
 
 
-def queue_view(ads: Iterable[Any]) -> QueueView:
+def queue_view(ads: Iterable[Any], since: float | None = None) -> QueueView:
+    """Fold job ads (idle and running) into demand, busy startds and, when `since`
+    is given, the jobs submitted since then (the recent arrivals)."""
     counts: Counter[JobShape] = Counter()
+    arrivals: Counter[JobShape] = Counter()
     running: set[str] = set()
     for ad in ads:
         status = _int(ad, "JobStatus")
-        if status == 1:
-            counts[shape_of(ad)] += 1
+        shape = shape_of(ad) if status == 1 or since is not None else None
+        if status == 1 and shape is not None:
+            counts[shape] += 1
         elif status == 2 and _str(ad, "RemoteHost"):
             running.add(startd_of(_str(ad, "RemoteHost")))
-    demand = tuple(Demand(shape, n) for shape, n in counts.items())
-    return QueueView(demand, frozenset(running))
+        if since is not None and shape is not None and _int(ad, "QDate") >= since:
+            arrivals[shape] += 1
+    return QueueView(tuple(Demand(s, n) for s, n in counts.items()), frozenset(running),
+                     tuple(Demand(s, n) for s, n in arrivals.items()))
 
 
 def pilot_ads_of(slot_ads: Iterable[Any]) -> dict[str, PilotAd]:
@@ -174,8 +182,9 @@ class Pool:
             ad = coll.locate(self.htcondor.DaemonType.Schedd)
         return self.htcondor.Schedd(ad)
 
-    def queue(self) -> QueueView:
-        """Idle jobs grouped by shape, and the startds running jobs: one schedd query.
+    def queue(self, arrivals_since: float | None = None) -> QueueView:
+        """Idle jobs grouped by shape, the startds running jobs and the recent
+        arrivals: one schedd query.
 
         The schedd knows a pilot is busy the moment a job starts; the pilot's
         own ad in the collector may lag by an update interval.
@@ -185,7 +194,7 @@ class Pool:
                                        projection=JOB_ATTRS)
         except Exception as exc:  # the bindings raise HTCondorException and friends
             raise PoolUnreachable(f"schedd query failed: {exc}") from exc
-        return queue_view(ads)
+        return queue_view(ads, arrivals_since)
 
     def idle_count(self) -> int:
         """The cheap probe: number of idle jobs from the schedd's summary ad."""

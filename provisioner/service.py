@@ -166,13 +166,17 @@ class Provisioner:
         demand: tuple[Demand, ...] = ()
         ads: dict[str, PilotAd] = {}
         running_on: frozenset[str] = frozenset()
+        arrivals: tuple[Demand, ...] = ()
+        reserve = self.config.policy.reserve
+        window = reserve.window_s if reserve.enabled else 0.0
         try:
-            queue = self.pool.queue()
-            demand, running_on = queue.demand, queue.running_on
+            queue = self.pool.queue(now - window if window else None)
+            demand, running_on, arrivals = queue.demand, queue.running_on, queue.recent_arrivals
             ads = self.pool.pilot_ads()
         except PoolUnreachable as exc:
             log.error("pool unknown this cycle (no scale-down, no submissions): %s", exc)
             pool_known = False
+            window = 0.0
         views, pilots, jobs = [], [], {}
         for site in self.config.sites:
             try:
@@ -188,7 +192,8 @@ class Provisioner:
         snapshot = Snapshot(
             demand=demand, pilots=tuple(pilots), sites=tuple(views), pool_known=pool_known,
             flagged=dict(self.flagged), last_submit=dict(self.last_submit),
-            idle_cycles=dict(self.idle_cycles))
+            idle_cycles=dict(self.idle_cycles), recent_arrivals=arrivals,
+            arrival_window_s=window)
         return Observation(snapshot, ads, jobs, running_on)
 
     # --- act -------------------------------------------------------------
@@ -294,7 +299,8 @@ class Provisioner:
                 at=now, idle_jobs=sum(d.idle for d in obs.snapshot.demand),
                 idle_pilots=frozenset(p.key for p in obs.snapshot.pilots
                                       if p.state is PilotState.IDLE),
-                flagged=len(self.flagged), unplaced=result.unplaced_jobs)
+                flagged=len(self.flagged), unplaced=result.unplaced_jobs,
+                reserve=result.reserve_jobs)
         t3 = time.monotonic()
         cycle.timings = {"observe": t1 - t0, "plan": t2 - t1, "act": t3 - t2}
         self.cycles += 1
@@ -339,6 +345,8 @@ def summary_line(cycle: CycleResult) -> str:
         states = Counter(p.state.value for p in snap.pilots if p.site == view.name)
         parts.append(f"{view.name}: " + (" ".join(f"{n} {s}" for s, n in sorted(states.items()))
                                          or "no pilots"))
+    if cycle.plan.reserve_jobs:
+        parts.append(f"reserve {cycle.plan.reserve_held}/{cycle.plan.reserve_jobs} slots")
     if cycle.plan.unmatchable:
         parts.append(f"unmatchable {sum(u.idle for u in cycle.plan.unmatchable)}")
     acts = [describe(a) for a in cycle.plan.actions]

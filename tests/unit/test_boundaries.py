@@ -79,7 +79,18 @@ def test_queue_view_groups_idle_jobs_and_names_busy_startds() -> None:
     assert demand[JobShape(1, 500, 10)] == 3
     assert demand[JobShape(2, 3000, 10, runtime_s=600, desired_sites=("frankfurt", "gsi"))] == 1
     assert view.running_on == frozenset({"pilot-gsi-7@node1"})
+    assert view.recent_arrivals == ()
     assert startd_of("pilot-x@y") == "pilot-x@y"
+
+
+def test_recent_arrivals_count_queued_jobs_submitted_in_the_window() -> None:
+    job = {"RequestCpus": 1, "RequestMemory": 500, "RequestDisk": 10, "RequestGPUs": 0,
+           "MaxRuntime": 0, "DesiredSites": "", "RemoteHost": ""}
+    ads = [Ad(job, JobStatus=1, QDate=100), Ad(job, JobStatus=1, QDate=500),
+           Ad(job, JobStatus=2, QDate=600, RemoteHost="slot1_1@p@n")]
+    view = queue_view(ads, since=400)
+    assert [(d.shape, d.idle) for d in view.recent_arrivals] == [(JobShape(1, 500, 10), 2)]
+    assert [d.idle for d in view.demand] == [2]
 
 
 def slot(name: str, **attrs: object) -> Ad:
