@@ -15,11 +15,15 @@ DEFAULT_CONFIG = "/etc/provisioner/provisioner.yaml"
 
 
 def _load(path: str) -> Config:
+    from provisioner.pilot.script import TemplateError, check_templates
+
     try:
-        return load_config(path)
-    except ConfigError as exc:
+        config = load_config(path)
+        check_templates(config)
+    except (ConfigError, TemplateError) as exc:
         print(f"provisioner: configuration error:\n{exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    return config
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:

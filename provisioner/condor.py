@@ -29,6 +29,12 @@ SLOT_ATTRS = ["Name", "Machine", "PilotSite", "PilotSlurmJobId",
               "DaemonStartTime", "MyType", "CondorVersion", "Start"]
 
 
+#: Idle (1), running (2), transferring output (6) and suspended (7) jobs: the last
+#: three hold a claim on a pilot.
+QUEUE_CONSTRAINT = "JobStatus == 1 || JobStatus == 2 || JobStatus == 6 || JobStatus == 7"
+HOLDS_CLAIM = (2, 6, 7)
+
+
 class PoolUnreachable(Exception):
     """The schedd or the collector could not be read; the pool state is unknown."""
 
@@ -112,7 +118,7 @@ def queue_view(ads: Iterable[Any], since: float | None = None) -> QueueView:
         shape = shape_of(ad) if status == 1 or since is not None else None
         if status == 1 and shape is not None:
             counts[shape] += 1
-        elif status == 2 and _str(ad, "RemoteHost"):
+        elif status in HOLDS_CLAIM and _str(ad, "RemoteHost"):
             running.add(startd_of(_str(ad, "RemoteHost")))
         if since is not None and shape is not None and _int(ad, "QDate") >= since:
             arrivals[shape] += 1
@@ -190,8 +196,7 @@ class Pool:
         own ad in the collector may lag by an update interval.
         """
         try:
-            ads = self._schedd().query(constraint="JobStatus == 1 || JobStatus == 2",
-                                       projection=JOB_ATTRS)
+            ads = self._schedd().query(constraint=QUEUE_CONSTRAINT, projection=JOB_ATTRS)
         except Exception as exc:  # the bindings raise HTCondorException and friends
             raise PoolUnreachable(f"schedd query failed: {exc}") from exc
         return queue_view(ads, arrivals_since)

@@ -31,8 +31,8 @@ class _Model(BaseModel):
 
 
 class PoolConfig(_Model):
-    collector: str = "127.0.0.1:9618"
-    schedd: str | None = None
+    collector: str = Field(default="127.0.0.1:9618", pattern=r"^[A-Za-z0-9.-]+(:[0-9]+)?$")
+    schedd: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.@-]+$")
     token_file: str = "/etc/provisioner/tokens.d/provisioner"
     pilot_token_file: str = "/etc/provisioner/pilot.token"
     provisioner_id: str = Field(default="prov-1", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")

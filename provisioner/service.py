@@ -46,9 +46,17 @@ from provisioner.sites.base import (
 
 log = logging.getLogger(__name__)
 
-#: A released pilot whose startd ad is gone but whose SLURM job lingers this
-#: long is cancelled (nothing can run on it any more).
+#: A released pilot whose startd ad has been gone this long, on which the
+#: schedd runs no job, and whose SLURM job lingers, is cancelled. A released
+#: pilot that still advertises itself, not draining, this long after the
+#: release refused it (it took a job) and is forgotten.
 LINGER_S = 60.0
+
+
+@dataclass
+class ReleaseMark:
+    sent_at: float
+    ad_gone_since: float | None = None
 
 
 def ad_busy(ad: PilotAd, running_on: frozenset[str]) -> bool:
@@ -154,7 +162,8 @@ class Provisioner:
         self.clock = clock
         self.flagged: dict[str, float] = {}
         self.idle_cycles: dict[str, int] = {}
-        self.released: dict[str, float] = {}
+        self.released: dict[str, ReleaseMark] = {}
+        self.last_jobs: dict[str, list[SiteJob]] = {}
         self.last_submit: dict[str, float] = {}
         self.last_mark: CycleMark | None = None
         self.cycles = 0
@@ -184,9 +193,17 @@ class Provisioner:
             except BackendError as exc:
                 log.error("site %s unknown this cycle: %s", site.name, exc)
                 views.append(SiteView(site.name, known=False, error=str(exc)))
-                pilots.extend(ad_only_pilots(site.name, ads, now, running_on))
+                # Counted as last seen (pending and starting pilots included), so
+                # their demand is not provisioned again elsewhere; no action is
+                # taken at an unknown site.
+                last = self.last_jobs.get(site.name)
+                if last is not None:
+                    pilots.extend(merge_pilots(site.name, last, ads, running_on))
+                else:
+                    pilots.extend(ad_only_pilots(site.name, ads, now, running_on))
                 continue
             jobs[site.name] = site_jobs
+            self.last_jobs[site.name] = site_jobs
             views.append(SiteView(site.name, known=True))
             pilots.extend(merge_pilots(site.name, site_jobs, ads, running_on))
         snapshot = Snapshot(
@@ -229,27 +246,40 @@ class Provisioner:
         if ad_busy(ad, running_on) or ad.draining:
             return "skipped: claimed since the snapshot"
         self.backends[action.pilot.site].release(action.pilot.job_id)
-        self.released[key] = self.clock()
+        self.released[key] = ReleaseMark(self.clock())
         return "release sent (the pilot drains itself if still idle)"
 
     def _cleanup(self, obs: Observation) -> list[tuple[str, str]]:
-        """Cancel SLURM jobs of released pilots whose startd is gone but which linger."""
+        """Follow released pilots: forget refused releases, cancel the SLURM job of a
+        pilot whose startd is gone (and runs nothing per the schedd) but which lingers."""
         out = []
         now = self.clock()
-        for key, at in list(self.released.items()):
+        if not obs.snapshot.pool_known:
+            return out
+        for key, mark in list(self.released.items()):
             site, job_id = key.split("/", 1)
             if site not in obs.jobs:
-                continue  # site unknown this cycle
-            alive = any(j.job_id == job_id for j in obs.jobs[site])
-            if not alive:
+                continue  # site unknown this cycle: decide nothing
+            if not any(j.job_id == job_id for j in obs.jobs[site]):
+                del self.released[key]  # the pilot left, as asked
+                continue
+            ad = obs.ads.get(key)
+            if ad is not None:
+                mark.ad_gone_since = None
+                if not ad.draining and now - mark.sent_at > LINGER_S:
+                    del self.released[key]  # refused: it took a job; it stays a pilot
+                continue
+            if mark.ad_gone_since is None:
+                mark.ad_gone_since = now
+            running = any(name.startswith(f"pilot-{site}-{job_id}@") for name in obs.running_on)
+            if running or now - mark.ad_gone_since <= LINGER_S:
+                continue
+            try:
+                self.backends[site].cancel(job_id)
+                out.append((f"cancel {key}", "startd gone after release; job cancelled"))
                 del self.released[key]
-            elif key not in obs.ads and now - at > LINGER_S and obs.snapshot.pool_known:
-                try:
-                    self.backends[site].cancel(job_id)
-                    out.append((f"cancel {key}", "startd gone after release; job cancelled"))
-                    del self.released[key]
-                except BackendError as exc:
-                    out.append((f"cancel {key}", f"failed: {exc}"))
+            except BackendError as exc:
+                out.append((f"cancel {key}", f"failed: {exc}"))
         return out
 
     def act(self, obs: Observation, result: Plan) -> list[tuple[str, str]]:
@@ -279,6 +309,9 @@ class Provisioner:
             except BackendError as exc:
                 outcome = f"failed: {exc}"
                 log.error("%s: %s", text, outcome)
+            except Exception as exc:  # one broken action must not stop the others
+                outcome = f"failed: {type(exc).__name__}: {exc}"
+                log.exception("%s: %s", text, outcome)
             outcomes.append((text, outcome))
         outcomes.extend(self._cleanup(obs))
         return outcomes
@@ -309,7 +342,9 @@ class Provisioner:
         if not dry_run:
             cid = self.journal.cycle(reason, line, cycle.timings)
             for text, outcome in cycle.outcomes:
-                self.journal.action(cid, text.split()[0], "", text, "", outcome)
+                kind = text.split(" ", 1)[0]
+                site, job_id = action_target(text)
+                self.journal.action(cid, kind, site, job_id, text, outcome)
             self.journal.put("flagged", self.flagged)
             self.journal.put("last_cycle", {"at": now, "summary": line})
         return cycle
@@ -331,6 +366,17 @@ class Provisioner:
         if not reason:
             return None
         return self.run_cycle(reason)
+
+
+def action_target(text: str) -> tuple[str, str]:
+    """(site, job id) of an action's text: "release gsi/12" or "submit 2 at gsi (...)"."""
+    words = text.split()
+    if len(words) >= 2 and "/" in words[1]:
+        site, job_id = words[1].split("/", 1)
+        return site, job_id
+    if "at" in words:
+        return words[words.index("at") + 1], ""
+    return "", ""
 
 
 def summary_line(cycle: CycleResult) -> str:

@@ -15,12 +15,35 @@ import jinja2
 
 from provisioner.config import Config, SiteConfig
 
-#: slurm_templates/ of this project (a source checkout or the installed share dir).
-DEFAULT_TEMPLATES = Path(__file__).resolve().parents[2] / "slurm_templates"
+#: Where slurm_templates/ is looked for when the config does not say: a source
+#: checkout (beside the package), then the conventional installed location.
+DEFAULT_TEMPLATE_DIRS = (Path(__file__).resolve().parents[2] / "slurm_templates",
+                         Path("/usr/share/provisioner/slurm_templates"))
+
+
+class TemplateError(Exception):
+    """A site's batch-script template is missing or does not render."""
 
 
 def templates_dir(config: Config) -> Path:
-    return Path(config.templates_dir) if config.templates_dir else DEFAULT_TEMPLATES
+    if config.templates_dir:
+        return Path(config.templates_dir)
+    for candidate in DEFAULT_TEMPLATE_DIRS:
+        if candidate.is_dir():
+            return candidate
+    raise TemplateError("no slurm_templates directory found (looked in "
+                        + ", ".join(str(d) for d in DEFAULT_TEMPLATE_DIRS)
+                        + "); set templates_dir in the configuration")
+
+
+def check_templates(config: Config) -> None:
+    """Render every site's template once; TemplateError names the site and file."""
+    for site in config.sites:
+        try:
+            render_pilot_script(config, site, site.pilot.walltime_s)
+        except jinja2.TemplateError as exc:
+            raise TemplateError(f"sites[{site.name}].template {site.template!r} in "
+                                f"{templates_dir(config)}: {exc}") from exc
 
 
 def _environment(directory: Path) -> jinja2.Environment:

@@ -125,9 +125,13 @@ def parse_squeue(doc: Mapping[str, Any], job_name: str) -> list[SiteJob]:
         if job.get("name") != job_name:
             continue
         raw = _state(job)
-        if raw not in STATE_TABLE:
-            raise Unreachable(f"unknown SLURM job state {raw!r} of job {job.get('job_id')}")
-        state = STATE_TABLE[raw]
+        if raw in STATE_TABLE:
+            state = STATE_TABLE[raw]
+        else:
+            # Never guess "gone": count it as capacity that has not started.
+            log.error("unknown SLURM job state %r of job %s: counted as pending", raw,
+                      job.get("job_id"))
+            state = SiteJobState.PENDING
         if state is None:
             continue
         cpus = int(_number(job.get("cpus")) or 0)

@@ -1,0 +1,201 @@
+"""The act phase with hand-written fakes (recording calls, injecting errors):
+releases are re-checked, refused releases are forgotten, a lingering pilot is
+cancelled only once its startd is gone and runs nothing, one failing action
+does not stop the others, and an unknown site keeps its last-known pilots."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from provisioner.condor import PilotAd, PoolUnreachable, QueueView
+from provisioner.config import parse_config
+from provisioner.journal import Journal
+from provisioner.model import Demand, JobShape, PilotState, Plan, Release, Submit
+from provisioner.service import LINGER_S, Provisioner
+from provisioner.sites.base import SiteJob, SiteJobState, Transient, Unreachable
+
+CONFIG = """
+pool: {collector: "cm:9618", provisioner_id: t, uid_domain: example}
+sites:
+  - name: gsi
+    max_walltime_s: 7200
+    template: gsi.sh.j2
+    image: /images/pilot.sif
+    pilot: {cpus: 4, memory_mb: 8000, walltime_s: 3600}
+  - name: fra
+    max_walltime_s: 7200
+    template: frankfurt.sh.j2
+    image: /images/pilot.sif
+    pilot: {cpus: 4, min_cpus: 4, memory_mb: 8000, walltime_s: 3600}
+"""
+
+
+@dataclass
+class FakePool:
+    ads: dict[str, PilotAd] = field(default_factory=dict)
+    running_on: frozenset[str] = frozenset()
+    demand: tuple[Demand, ...] = ()
+    fail: bool = False
+
+    def queue(self, arrivals_since: float | None = None) -> QueueView:
+        if self.fail:
+            raise PoolUnreachable("schedd down")
+        return QueueView(self.demand, self.running_on)
+
+    def pilot_ads(self) -> dict[str, PilotAd]:
+        if self.fail:
+            raise PoolUnreachable("collector down")
+        return dict(self.ads)
+
+    def idle_count(self) -> int:
+        return sum(d.idle for d in self.demand)
+
+
+@dataclass
+class FakeBackend:
+    name: str
+    jobs: list[SiteJob] = field(default_factory=list)
+    calls: list[tuple[str, str]] = field(default_factory=list)
+    next_error: Exception | None = None
+    list_error: Exception | None = None
+
+    def _maybe_fail(self) -> None:
+        if self.next_error is not None:
+            err, self.next_error = self.next_error, None
+            raise err
+
+    def submit(self, request: object) -> str:
+        self._maybe_fail()
+        self.calls.append(("submit", ""))
+        return str(100 + len(self.calls))
+
+    def list_pilots(self) -> list[SiteJob]:
+        if self.list_error is not None:
+            raise self.list_error
+        return list(self.jobs)
+
+    def release(self, job_id: str) -> None:
+        self._maybe_fail()
+        self.calls.append(("release", job_id))
+
+    def cancel(self, job_id: str, only_pending: bool = False) -> None:
+        self._maybe_fail()
+        self.calls.append(("cancel-pending" if only_pending else "cancel", job_id))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 10_000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def idle_ad(job_id: str, site: str = "gsi", draining: bool = False) -> PilotAd:
+    return PilotAd(site=site, job_id=job_id, name=f"pilot-{site}-{job_id}@node",
+                   walltime_end=20_000.0, cpus=4, memory_mb=8000, free_cpus=4,
+                   free_memory_mb=8000, claimed_slots=0, draining=draining)
+
+
+def running_job(job_id: str) -> SiteJob:
+    return SiteJob(job_id, SiteJobState.RUNNING, 4, 8000, 9_000.0, 9_010.0, 20_000.0)
+
+
+@pytest.fixture
+def world() -> tuple[Provisioner, FakePool, dict[str, FakeBackend], Clock]:
+    pool = FakePool()
+    backends = {"gsi": FakeBackend("gsi"), "fra": FakeBackend("fra")}
+    clock = Clock()
+    prov = Provisioner(parse_config(CONFIG, "t.yaml"), pool=pool,  # type: ignore[arg-type]
+                       backends=backends, journal=Journal(""), clock=clock)  # type: ignore[arg-type]
+    return prov, pool, backends, clock
+
+
+def release_of(prov: Provisioner, job_id: str) -> Plan:
+    pilot = next(p for p in prov.observe().snapshot.pilots if p.job_id == job_id)
+    return Plan(actions=(Release(pilot),))
+
+
+def test_release_is_rechecked_against_fresh_reads(world) -> None:  # type: ignore[no-untyped-def]
+    prov, pool, backends, _ = world
+    backends["gsi"].jobs = [running_job("7")]
+    pool.ads = {"gsi/7": idle_ad("7")}
+    plan = release_of(prov, "7")
+    # A job started on it after the snapshot: the schedd says so; no release.
+    pool.running_on = frozenset({"pilot-gsi-7@node"})
+    outcomes = prov.act(prov.observe(), plan)
+    assert backends["gsi"].calls == [] and "skipped" in outcomes[0][1]
+    pool.running_on = frozenset()
+    prov.act(prov.observe(), plan)
+    assert backends["gsi"].calls == [("release", "7")]
+
+
+def test_refused_release_is_forgotten_and_never_becomes_a_cancel(world) -> None:  # type: ignore[no-untyped-def]
+    prov, pool, backends, clock = world
+    backends["gsi"].jobs = [running_job("7")]
+    pool.ads = {"gsi/7": idle_ad("7")}
+    prov.act(prov.observe(), release_of(prov, "7"))
+    # The pilot refused (it took a job); much later its ad is briefly missing.
+    clock.t += 2 * LINGER_S
+    pool.running_on = frozenset({"pilot-gsi-7@node"})
+    prov.act(prov.observe(), Plan(actions=()))
+    assert "gsi/7" not in prov.released
+    pool.ads = {}
+    for _ in range(3):
+        clock.t += LINGER_S
+        prov.act(prov.observe(), Plan(actions=()))
+    assert [c for c in backends["gsi"].calls if c[0] == "cancel"] == []
+
+
+def test_lingering_released_pilot_is_cancelled_once_its_startd_is_gone(world) -> None:  # type: ignore[no-untyped-def]
+    prov, pool, backends, clock = world
+    backends["gsi"].jobs = [running_job("7")]
+    pool.ads = {"gsi/7": idle_ad("7")}
+    prov.act(prov.observe(), release_of(prov, "7"))
+    pool.ads = {"gsi/7": idle_ad("7", draining=True)}
+    clock.t += 5
+    prov.act(prov.observe(), Plan(actions=()))
+    pool.ads = {}  # the startd exited; the SLURM job lingers
+    clock.t += 5
+    prov.act(prov.observe(), Plan(actions=()))
+    assert ("cancel", "7") not in backends["gsi"].calls  # not before LINGER_S
+    clock.t += LINGER_S + 1
+    prov.act(prov.observe(), Plan(actions=()))
+    assert ("cancel", "7") in backends["gsi"].calls
+    assert "gsi/7" not in prov.released
+
+
+def test_one_failing_action_does_not_stop_the_others(world) -> None:  # type: ignore[no-untyped-def]
+    prov, _, backends, _ = world
+    backends["gsi"].next_error = Transient("slurmctld busy")
+    plan = Plan(actions=(Submit("gsi", 1, 4, 8000, 3600), Submit("fra", 1, 4, 8000, 3600)))
+    outcomes = prov.act(prov.observe(), plan)
+    assert "failed" in outcomes[0][1] and "slurmctld busy" in outcomes[0][1]
+    assert backends["fra"].calls == [("submit", "")]
+
+
+def test_unknown_pool_means_no_actions_and_no_cleanup(world) -> None:  # type: ignore[no-untyped-def]
+    prov, pool, backends, _ = world
+    pool.demand = (Demand(JobShape(1, 500), 8),)
+    pool.fail = True
+    cycle = prov.run_cycle("test")
+    assert not cycle.observation.snapshot.pool_known
+    assert cycle.plan.actions == () and backends["gsi"].calls == []
+
+
+def test_unknown_site_keeps_its_last_known_pending_pilots(world) -> None:  # type: ignore[no-untyped-def]
+    prov, pool, backends, _ = world
+    pool.demand = (Demand(JobShape(1, 500), 4),)
+    backends["fra"].jobs = [SiteJob("5", SiteJobState.PENDING, 4, 8000, 9_000.0, None, None)]
+    backends["gsi"].list_error = None
+    first = prov.observe()
+    assert [p.state for p in first.snapshot.pilots] == [PilotState.PENDING]
+    backends["fra"].list_error = Unreachable("slurmctld down")
+    obs = prov.observe()
+    assert [(p.site, p.state) for p in obs.snapshot.pilots] == [("fra", PilotState.PENDING)]
+    cycle = prov.run_cycle("test")
+    # The pending pilot at the unknown site still covers the 4 jobs: nothing new anywhere.
+    assert [a for a in cycle.plan.actions if isinstance(a, Submit)] == []
+
