@@ -20,8 +20,10 @@ from pathlib import Path
 
 import htcondor2 as htcondor
 
+from provisioner.condor import PoolUnreachable
 from provisioner.config import load_config
 from provisioner.service import Provisioner, summary_line
+from provisioner.sites.base import BackendError
 
 CONFIG = "/src/deploy/testbed/provisioner.yaml"
 WORK = Path("/home/alice/demo")
@@ -68,6 +70,24 @@ def pilot_jobs() -> dict[str, list[str]]:
             for site, conf in SITES.items()}
 
 
+def step(prov: Provisioner, t_submit: float, first_ad: float | None,
+         first_submit: float | None, pilot_start: float | None
+         ) -> tuple[bool, float | None, float | None, float | None]:
+    """One second of the demo: a quick check (maybe a cycle), progress, the end test."""
+    cycle = prov.tick()
+    if cycle is not None:
+        line = summary_line(cycle).rsplit("; observe", 1)[0]
+        print(f"  [{time.time() - t_submit:5.0f} s] {cycle.reason}: {line}", flush=True)
+    jobs = htcondor.Schedd().query(projection=["JobStatus"])
+    if first_ad is None and prov.pool.pilot_ads():
+        started = [j for b in prov.backends.values() for j in b.list_pilots() if j.started_at]
+        if started:
+            first = min(started, key=lambda j: j.started_at or 0.0)
+            first_ad, first_submit, pilot_start = time.time(), first.submitted_at, first.started_at
+    finished = not jobs and not any(pilot_jobs().values())
+    return finished, first_ad, first_submit, pilot_start
+
+
 def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     config = load_config(CONFIG)
@@ -98,20 +118,13 @@ def main() -> int:
     done = False
     deadline = time.time() + TIMEOUT_S
     while time.time() < deadline:
-        cycle = prov.tick()
-        if cycle is not None:
-            line = summary_line(cycle).rsplit("; observe", 1)[0]
-            print(f"  [{time.time() - t_submit:5.0f} s] {cycle.reason}: {line}", flush=True)
-        jobs = htcondor.Schedd().query(projection=["JobStatus"])
-        ads = prov.pool.pilot_ads()
-        if first_ad is None and ads:
-            first_ad = time.time()
-            started = [j for b in prov.backends.values() for j in b.list_pilots()
-                       if j.started_at]
-            first = min(started, key=lambda j: j.started_at or 0.0)
-            first_submit, pilot_start = first.submitted_at, first.started_at
-        squeue = pilot_jobs()
-        if not jobs and not any(squeue.values()):
+        try:
+            finished, first_ad, first_submit, pilot_start = step(
+                prov, t_submit, first_ad, first_submit, pilot_start)
+        except (PoolUnreachable, BackendError) as exc:  # a hiccup: the next step retries
+            print(f"  (transient: {exc})")
+            finished = False
+        if finished:
             done = True
             break
         time.sleep(1)

@@ -4,6 +4,7 @@ scale-down or submission based on missing data (real daemons, real failures)."""
 from __future__ import annotations
 
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -50,10 +51,10 @@ def test_unreachable_collector_is_unknown_not_empty(tmp_path: Path, one_idle_job
 def test_unreachable_slurmctld_skips_that_site_only(tmp_path: Path, one_idle_job: str,
                                                     caplog: pytest.LogCaptureFixture) -> None:
     conf = Path("/etc/slurm-frankfurt/slurm.conf").read_text()
-    dead = tmp_path / "slurm-dead"
-    dead.mkdir()
-    (dead / "slurm.conf").write_text(conf.replace("SlurmctldPort=6917", "SlurmctldPort=6999")
-                                     .replace("MessageTimeout", "#"))
+    # squeue runs as the pilot account: the configuration must be readable by it.
+    dead = Path(tempfile.mkdtemp(prefix="slurm-dead.", dir="/home/pilot"))
+    dead.chmod(0o755)
+    (dead / "slurm.conf").write_text(conf.replace("SlurmctldPort=6917", "SlurmctldPort=6999"))
     (dead / "cgroup.conf").write_text("CgroupPlugin=disabled\n")
     # Both sites could take the job; frankfurt is preferred but unreachable.
     path = config_with(tmp_path, site_edit={"frankfurt": {"slurm_conf": str(dead / "slurm.conf"),
@@ -62,6 +63,7 @@ def test_unreachable_slurmctld_skips_that_site_only(tmp_path: Path, one_idle_job
     cycle = prov.run_cycle("test", dry_run=True)
     views = {v.name: v for v in cycle.observation.snapshot.sites}
     assert views["gsi"].known and not views["frankfurt"].known
+    assert "Unable to contact slurm controller" in views["frankfurt"].error
     assert "site frankfurt unknown this cycle" in caplog.text
     sites_acted = {getattr(a, "site", None) or a.pilot.site for a in cycle.plan.actions}
     assert "frankfurt" not in sites_acted

@@ -85,15 +85,17 @@ def _startd_names() -> set[str]:
 
 
 def test_alice_cannot_advertise_but_pilot_token_can() -> None:
-    rc, out = _advertise("alice", {}, "alice-fake-startd")
-    time.sleep(1)
-    assert "alice-fake-startd" not in _startd_names(), out
+    _, alice_out = _advertise("alice", {}, "alice-fake-startd")
+    # The pilot's ad, sent after alice's, shows the collector has processed both.
     rc, out = _advertise("pilot", _as_pilot_identity("pilot"), "pilot-probe-startd")
     assert rc == 0, out
     deadline = time.time() + 10
     while "pilot-probe-startd" not in _startd_names() and time.time() < deadline:
         time.sleep(0.5)
     assert "pilot-probe-startd" in _startd_names()
+    assert "alice-fake-startd" not in _startd_names(), alice_out
+    denials = Path("/var/log/condor/CollectorLog").read_text(errors="replace")
+    assert "alice@testbed" in denials and "PERMISSION DENIED" in denials
     inv = Path("/home/pilot/invalidate.ad")
     inv.write_text('MyType = "Query"\nTargetType = "Machine"\n'
                    'Requirements = Name == "pilot-probe-startd"\n')
@@ -120,7 +122,7 @@ def test_apptainer_runs_as_pilot() -> None:
     out = run(["apptainer", "-s", "exec", "/opt/images/pilot.sif", "sh", "-c",
                "id -un; condor_version"], user="pilot").stdout
     assert out.splitlines()[0] == "pilot"
-    assert "$CondorVersion: 23." in out
+    assert "$CondorVersion:" in out
 
 
 def _sha256(path: Path) -> str:
@@ -153,12 +155,20 @@ def test_xcache_read_returns_right_bytes_and_caches(tmp_path: Path) -> None:
         run(["xrdcp", "-f", "-s", url, str(tmp_path / "first")])
         assert _sha256(tmp_path / "first") == expected
         assert _origin_opens(name) == 1
+        # The cache writes its copy asynchronously.
+        deadline = time.time() + 20
+        while not (cached.exists() and _sha256(cached) == expected) and time.time() < deadline:
+            time.sleep(0.5)
         assert cached.exists() and _sha256(cached) == expected
         # Second read: served from the cache, the origin does not open the file again.
         run(["xrdcp", "-f", "-s", url, str(tmp_path / "second")])
         assert _sha256(tmp_path / "second") == expected
         assert _origin_opens(name) == 1
-        stats = run(["xrdpfc_print", f"{cached}.cinfo"]).stdout
+        deadline = time.time() + 20
+        stats = ""
+        while "N_acc_total=2" not in stats and time.time() < deadline:
+            stats = run(["xrdpfc_print", f"{cached}.cinfo"]).stdout
+            time.sleep(0.5)
         assert "N_acc_total=2" in stats, stats
         # And a file of the published set reads back with its published checksum.
         published = sorted(sums)[0]

@@ -184,6 +184,14 @@ def test_batch_script_quotes_every_configured_value() -> None:
     assert "exec /opt/venv/bin/python -m provisioner.pilot.wrapper" in script
 
 
+def test_the_quote_filter_neutralises_shell_metacharacters(tmp_path: object) -> None:
+    from provisioner.pilot.script import _environment
+
+    q = _environment(tmp_path).filters["q"]  # type: ignore[arg-type]
+    assert q("a; rm -rf / $(id) `id`") == "'a; rm -rf / $(id) `id`'"
+    assert q("it's") == "'it'\"'\"'s'"
+
+
 def test_config_refuses_shell_metacharacters_in_paths() -> None:
     with pytest.raises(Exception, match="log_dir"):
         parse_config(SITE_YAML, "t.yaml")
