@@ -7,7 +7,9 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
 target=$1
-read -r mirror mirror_source < <(debian_mirror)
+# Not `read < <(debian_mirror)`: that would ignore debian_mirror's failure.
+mirror_line=$(debian_mirror)
+read -r mirror mirror_source <<<"$mirror_line"
 log "Debian mirror $mirror (from $mirror_source)"
 
 packages() { grep -v '^#' "$1" | grep -v '^$' | tr '\n' ' '; }
@@ -32,15 +34,38 @@ EOF
     # Daemons must not start while packages are installed.
     printf '#!/bin/sh\nexit 101\n' >"$1/usr/sbin/policy-rc.d"
     chmod 755 "$1/usr/sbin/policy-rc.d"
+    # Registries' TLS is intercepted by a CA only the host trusts; apt-get in
+    # the tree (both the rootfs and the pilot base) needs it.
+    if [ -r /etc/ssl/certs/ca-certificates.crt ]; then
+        cp /etc/ssl/certs/ca-certificates.crt "$1/usr/local/share/ca-certificates/host-bundle.crt"
+    fi
+    in_tree "$1" update-ca-certificates >/dev/null
 }
+
+# The /proc bind mount of the chroot in use, unmounted on any exit: a tree left
+# with host /proc mounted inside would send a later `rm -rf` into /proc.
+# (`testbed build` also runs this script in a private mount namespace, so the
+# mount vanishes with it even on SIGKILL.)
+MOUNTED_PROC=""
+unmount_proc() {
+    if [ -n "$MOUNTED_PROC" ]; then
+        umount "$MOUNTED_PROC" 2>/dev/null || umount -l "$MOUNTED_PROC" 2>/dev/null || true
+        MOUNTED_PROC=""
+    fi
+}
+trap unmount_proc EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+trap 'exit 129' HUP
 
 in_tree() {  # $1: tree, rest: command
     local t=$1 rc=0
     shift
     mount --bind /proc "$t/proc"
+    MOUNTED_PROC=$t/proc
     chroot "$t" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin DEBIAN_FRONTEND=noninteractive \
         LANG=C.UTF-8 "$@" || rc=$?
-    umount "$t/proc"
+    unmount_proc
     return $rc
 }
 
@@ -55,12 +80,7 @@ apt_in() {  # $1: tree, $2: log, rest: shell command
 }
 
 bootstrap "$target"
-# Registries' TLS is intercepted by a CA only the host trusts.
-if [ -r /etc/ssl/certs/ca-certificates.crt ]; then
-    cp /etc/ssl/certs/ca-certificates.crt "$target/usr/local/share/ca-certificates/host-bundle.crt"
-fi
 in_target() { in_tree "$target" "$@"; }
-in_target update-ca-certificates >/dev/null
 
 log "installing packages (about 90 s)"
 apt_in "$target" "$target.apt.log" "apt-get install -y -q $(packages "$TB_DIR/packages.txt") \

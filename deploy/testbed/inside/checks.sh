@@ -10,7 +10,7 @@ check_slurm() {  # cluster: controller answers and every node is usable
     local out
     out=$(SLURM_CONF=/etc/slurm-$1/slurm.conf timeout 10 sinfo -h -N -o '%N %t' 2>&1) || { echo "$out"; return 1; }
     [ -n "$out" ] || { echo "no nodes"; return 1; }
-    if echo "$out" | grep -vqE ' (idle|mix|alloc|comp)$'; then echo "$out" | tr '\n' ' '; return 1; fi
+    if echo "$out" | grep -vqE ' (idle|mix|alloc|comp|plnd)$'; then echo "$out" | tr '\n' ' '; return 1; fi
 }
 check_slurm-gsi() { check_slurm gsi; }
 check_slurm-frankfurt() { check_slurm frankfurt; }
