@@ -91,6 +91,7 @@ def step(prov: Provisioner, t_submit: float, first_ad: float | None,
 def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     config = load_config(CONFIG)
+    prov = Provisioner(config)  # from here on, the bindings read as the provisioner
     if any(pilot_jobs().values()) or htcondor.Schedd().query(projection=["ClusterId"]):
         print("demo: the testbed is busy (jobs or pilots left from earlier); "
               "run `make clean-testbed` and try again", file=sys.stderr)
@@ -112,7 +113,6 @@ def main() -> int:
 
     print(f"== the provisioner runs (interval {config.policy.interval_s:.0f} s, quick check "
           f"{config.policy.quick_check_s:.0f} s); one line per cycle")
-    prov = Provisioner(config)
     first_submit = first_ad = None  # SLURM's submit time of the first pilot, first ad seen
     pilot_start: float | None = None
     done = False

@@ -13,6 +13,13 @@ from pathlib import Path
 
 import pytest
 
+# The tests' own reads through the bindings use the provisioner's read-only
+# token, as the service does. (Root on the central manager could otherwise mint
+# itself a token from the pool's signing key, "condor@password", which the pool
+# rightly does not authorise.)
+os.environ.setdefault("_CONDOR_SEC_CLIENT_AUTHENTICATION_METHODS", "IDTOKENS")
+os.environ.setdefault("_CONDOR_SEC_TOKEN_DIRECTORY", "/etc/provisioner/tokens.d")
+
 TESTBED_MARK = Path("/etc/testbed-rootfs-key")
 REPO = Path("/src")
 SITES = ("gsi", "frankfurt")
