@@ -79,6 +79,9 @@ class PolicyConfig(_Model):
     idle_release_cycles: int = Field(default=2, ge=1)
     min_pilot_lifetime_s: float = Field(default=0, ge=0)
     max_submit_per_cycle: int = Field(default=20, ge=0)
+    #: A pilot running at its site whose startd has not joined the pool after this
+    #: long is cancelled (broken image, authentication failure, unreachable collector).
+    start_timeout_s: float = Field(default=900, gt=0)
     reserve: ReserveConfig = ReserveConfig()
 
 

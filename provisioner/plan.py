@@ -434,6 +434,12 @@ def _pilot_actions(
                     out.append(Flag(p, "idle, no demand for it"))
             elif p.state is PilotState.PENDING and p.key not in used:
                 cancels.append(p)
+            elif (p.state is PilotState.STARTING and p.started_at is not None
+                  and now - p.started_at > config.policy.start_timeout_s):
+                # Running at the site but its startd never registered (and the schedd
+                # runs nothing there, or it would be BUSY): it only burns allocation.
+                out.append(Cancel(p, f"started {now - p.started_at:.0f} s ago, never joined "
+                                     "the pool"))
         # release the pilots that end soonest, cancel the ones submitted last; keep the rest
         releases.sort(key=lambda p: (p.walltime_end or math.inf, p.job_id))
         for p in releases:

@@ -59,6 +59,12 @@ class ReleaseMark:
     ad_gone_since: float | None = None
 
 
+def runs_jobs(site: str, job_id: str, running_on: frozenset[str]) -> bool:
+    """The schedd runs a job on this pilot's startd (named pilot-<site>-<job>@host)."""
+    prefix = f"pilot-{site}-{job_id}@"
+    return any(name.startswith(prefix) for name in running_on)
+
+
 def ad_busy(ad: PilotAd, running_on: frozenset[str]) -> bool:
     """Claimed resources per the collector, or a running job per the schedd."""
     return (ad.claimed_slots > 0 or ad.free_cpus < ad.cpus
@@ -66,15 +72,17 @@ def ad_busy(ad: PilotAd, running_on: frozenset[str]) -> bool:
 
 
 def pilot_state(job: SiteJob, ad: PilotAd | None,
-                running_on: frozenset[str] = frozenset()) -> PilotState:
+                running_on: frozenset[str] = frozenset(), site: str = "") -> PilotState:
     """The pilot's state from its SLURM job, its startd ad (None: no ad) and the
-    startds the schedd runs jobs on."""
+    startds the schedd runs jobs on (busy even if its ad is missing, e.g. after
+    a collector restart)."""
     if job.state is SiteJobState.PENDING:
         return PilotState.PENDING
     if job.state is SiteJobState.ENDING:
         return PilotState.ENDING
     if ad is None:
-        return PilotState.STARTING
+        busy = runs_jobs(site, job.job_id, running_on)
+        return PilotState.BUSY if busy else PilotState.STARTING
     if ad.draining:
         return PilotState.DRAINING
     if ad_busy(ad, running_on):
@@ -88,7 +96,7 @@ def merge_pilots(site: str, jobs: list[SiteJob], ads: Mapping[str, PilotAd],
     out = []
     for job in jobs:
         ad = ads.get(f"{site}/{job.job_id}")
-        state = pilot_state(job, ad, running_on)
+        state = pilot_state(job, ad, running_on, site)
         up = state in (PilotState.IDLE, PilotState.BUSY, PilotState.DRAINING)
         out.append(Pilot(
             site=site,
@@ -271,8 +279,7 @@ class Provisioner:
                 continue
             if mark.ad_gone_since is None:
                 mark.ad_gone_since = now
-            running = any(name.startswith(f"pilot-{site}-{job_id}@") for name in obs.running_on)
-            if running or now - mark.ad_gone_since <= LINGER_S:
+            if runs_jobs(site, job_id, obs.running_on) or now - mark.ad_gone_since <= LINGER_S:
                 continue
             try:
                 self.backends[site].cancel(job_id)
@@ -299,9 +306,10 @@ class Provisioner:
                 elif isinstance(action, Release):
                     outcome = self._release(action, fresh)
                 elif isinstance(action, Cancel):
+                    pending = action.pilot.state is PilotState.PENDING
                     self.backends[action.pilot.site].cancel(action.pilot.job_id,
-                                                            only_pending=True)
-                    outcome = "cancelled if still pending"
+                                                            only_pending=pending)
+                    outcome = "cancelled if still pending" if pending else "cancelled"
                 elif isinstance(action, Flag | Unflag):
                     outcome = "ok"
                 else:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from provisioner.model import (
-    Cancel,
     Flag,
     JobShape,
     PilotState,
@@ -162,11 +161,13 @@ def test_min_lifetime_and_keep_warm_block_release() -> None:
     assert any(isinstance(a, Release) for a in plan(s, config(), NOW).actions)
 
 
-def test_pending_without_demand_cancelled_starting_never() -> None:
+def test_pending_without_demand_cancelled_starting_only_after_the_start_timeout() -> None:
     pend = pilot("1", PilotState.PENDING)
-    start = pilot("2", PilotState.STARTING)
-    result = plan(snap([], [pend, start]), config(), NOW)
-    assert [(type(a), a.pilot.job_id) for a in result.actions] == [(Cancel, "1")]
+    start = pilot("2", PilotState.STARTING, started=NOW - 60)
+    stuck = pilot("3", PilotState.STARTING, started=NOW - 3600)
+    result = plan(snap([], [pend, start, stuck]), config(), NOW)
+    assert sorted((type(a).__name__, a.pilot.job_id) for a in result.actions) == [
+        ("Cancel", "1"), ("Cancel", "3")]
 
 
 def test_pending_kept_when_demand_needs_it() -> None:

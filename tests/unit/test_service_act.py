@@ -199,3 +199,27 @@ def test_unknown_site_keeps_its_last_known_pending_pilots(world) -> None:  # typ
     # The pending pilot at the unknown site still covers the 4 jobs: nothing new anywhere.
     assert [a for a in cycle.plan.actions if isinstance(a, Submit)] == []
 
+
+
+def test_pilot_that_never_joins_is_cancelled_but_one_running_jobs_never(world) -> None:  # type: ignore[no-untyped-def]
+    prov, pool, backends, clock = world
+    started = clock.t - 2000  # beyond the default start_timeout_s (900 s)
+    backends["gsi"].jobs = [SiteJob("7", SiteJobState.RUNNING, 4, 8000, started - 5, started,
+                                    started + 3600),
+                            SiteJob("8", SiteJobState.RUNNING, 4, 8000, started - 5, started,
+                                    started + 3600)]
+    # Job 8's ad is missing (collector restart) but the schedd runs a job on it.
+    pool.running_on = frozenset({"pilot-gsi-8@node"})
+    states = {p.job_id: p.state for p in prov.observe().snapshot.pilots}
+    assert states == {"7": PilotState.STARTING, "8": PilotState.BUSY}
+    prov.run_cycle("test")
+    assert ("cancel", "7") in backends["gsi"].calls
+    assert not [c for c in backends["gsi"].calls if c[1] == "8"]
+
+
+def test_young_starting_pilot_is_left_alone(world) -> None:  # type: ignore[no-untyped-def]
+    prov, _, backends, clock = world
+    backends["gsi"].jobs = [SiteJob("7", SiteJobState.RUNNING, 4, 8000, clock.t - 60,
+                                    clock.t - 30, clock.t + 3600)]
+    prov.run_cycle("test")
+    assert backends["gsi"].calls == []
