@@ -146,8 +146,10 @@ def main() -> int:
                                               "%Y-%m-%d %H:%M:%S"))
         print("   first job, from condor_submit to running on a fresh pilot "
               "(SLURM times have 1 s resolution):")
-        print(f"     provisioner reaction {max(0.0, first_submit - t_submit):5.1f} s  (submit -> sbatch)")
-        print(f"     SLURM dispatch       {max(0.0, pilot_start - first_submit):5.1f} s  (sbatch -> start)")
+        reaction = max(0.0, first_submit - t_submit)
+        dispatch = max(0.0, pilot_start - first_submit)
+        print(f"     provisioner reaction {reaction:5.1f} s  (submit -> sbatch)")
+        print(f"     SLURM dispatch       {dispatch:5.1f} s  (sbatch -> start)")
         print(f"     pilot boot           {first_ad - pilot_start:5.1f} s  "
               "(start delay, container, daemons, CCB registration)")
         print(f"     negotiation          {max(0.0, first_run - first_ad):5.1f} s  "
