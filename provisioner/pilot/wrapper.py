@@ -201,7 +201,10 @@ class Pilot:
         return 0, str(result)
 
     def _options(self) -> list[str]:
-        return ["--cleanenv", "--env", f"CONDOR_CONFIG={self.config}", "--env", "LANG=C.UTF-8"]
+        # --no-home: the pilot account's home (where sites often keep the pilot
+        # token) is not visible to payloads.
+        return ["--cleanenv", "--no-home", "--env", f"CONDOR_CONFIG={self.config}",
+                "--env", "LANG=C.UTF-8"]
 
     def on_release(self, signum: int, _frame: Any) -> None:
         """The provisioner asks us to leave if idle: drain with an atomic idle check.

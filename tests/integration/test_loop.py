@@ -209,3 +209,23 @@ def test_release_of_a_busy_pilot_is_refused_by_the_pilot(clean: None) -> None:
     cluster = submit("after", 1, 1)
     wait_for("the new job done on the same pilot", lambda: jobs_left(cluster) == 0, 90)
     assert_clean_completion("after", 1)
+
+
+def test_payload_does_not_see_the_pilot_accounts_home(clean: None) -> None:
+    """Sites keep the pilot token in the pilot account's home: jobs must not see it."""
+    Path("/home/pilot/secret-marker").write_text("x")
+    prov = Provisioner(load_config(CONFIG))
+    out = ALICE / "out" / "peek"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    sub = ALICE / "peek.sub"
+    sub.write_text("executable = /bin/sh\n"
+                   "arguments = \"-c 'ls /home/pilot/secret-marker 2>/dev/null || echo hidden'\"\n"
+                   f"output = {out}/0.out\nerror = {out}/0.err\nlog = {out}/job.log\n"
+                   "request_cpus = 1\nrequest_memory = 100\nqueue\n")
+    run(["chown", "-R", "alice:alice", str(ALICE)])
+    cluster = run(["condor_submit", "-terse", str(sub)], user="alice",
+                  cwd=str(ALICE)).stdout.split(".")[0].strip()
+    prov.run_cycle("test")
+    wait_for("the job done", lambda: jobs_left(cluster) == 0, 120)
+    assert (out / "0.out").read_text().strip() == "hidden"
