@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import shlex
 import shutil
 import signal
 import socket
@@ -136,6 +137,10 @@ def local_config(p: PilotParams, workdir: Path) -> str:
         "RUN": str(workdir / "local" / "run"),
         "SEC_TOKEN_DIRECTORY": str(workdir / "tokens.d"),
         "SEC_PASSWORD_DIRECTORY": str(workdir / "passwords.d"),
+        # FS authentication between the pilot's own processes happens here, not
+        # in /tmp, so that a payload (hidden from this directory) cannot use it.
+        "FS_LOCAL_DIR": str(workdir / "fsauth"),
+        "USER_JOB_WRAPPER": str(workdir / "job-wrapper.sh"),
         "NUM_CPUS": str(p.cpus),
         "MEMORY": str(p.memory_mb),
         "PILOT_SHUTDOWN_MARGIN": str(p.shutdown_margin_s),
@@ -152,6 +157,28 @@ def local_config(p: PilotParams, workdir: Path) -> str:
     return "".join(f"{k} = {v}\n" for k, v in lines.items())
 
 
+#: The pilot's private directories: its token, signing-key dir (empty) and FS
+#: authentication dir. Payloads run as the same account, so they are hidden from
+#: them by the job wrapper below.
+PRIVATE_DIRS = ("tokens.d", "passwords.d", "fsauth")
+
+#: USER_JOB_WRAPPER: runs every payload in a user+mount namespace where an
+#: empty tmpfs covers the pilot's private directories, then drops into a nested
+#: user namespace. Mounts made in the outer namespace are locked in the inner
+#: one, so the payload cannot unmount them to reveal the token. Fails closed:
+#: if the namespace cannot be made, the job does not run.
+JOB_WRAPPER = """#!/bin/sh
+set -e
+exec unshare --user --map-root-user --mount -- /bin/sh -c '
+set -e
+uid=$1; gid=$2; shift 2
+while [ "$1" != -- ]; do mount -t tmpfs -o size=4k,mode=0700 pilot-private "$1"; shift; done
+shift
+exec unshare --user --map-user="$uid" --map-group="$gid" -- "$@"
+' job-wrapper "$(id -u)" "$(id -g)" {hide} -- "$@"
+"""
+
+
 def prepare(p: PilotParams) -> tuple[Path, Path]:
     """Create the private work directory; returns (workdir, condor_config file)."""
     if not p.token_file.is_file():
@@ -162,8 +189,12 @@ def prepare(p: PilotParams) -> tuple[Path, Path]:
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(mode=0o700, parents=True)
     for sub in ("local/log", "local/spool", "local/execute", "local/lock", "local/run",
-                "tokens.d", "passwords.d"):
+                *PRIVATE_DIRS):
         (workdir / sub).mkdir(mode=0o700, parents=True)
+    wrapper = workdir / "job-wrapper.sh"
+    wrapper.write_text(JOB_WRAPPER.format(
+        hide=" ".join(shlex.quote(str(workdir / d)) for d in PRIVATE_DIRS)))
+    wrapper.chmod(0o755)
     token = workdir / "tokens.d" / "pilot"
     fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as f:

@@ -98,9 +98,9 @@ def jobs_left(cluster: str) -> int:
                                        projection=["JobStatus"]))
 
 
-def assert_clean_completion(name: str, count: int) -> None:
+def assert_clean_completion(name: str, count: int, outputs: bool = True) -> None:
     out = ALICE / "out" / name
-    for i in range(count):
+    for i in range(count if outputs else 0):
         assert (out / f"{i}.out").read_text().strip() == f"job-{i}-ok"
     events = (out / "job.log").read_text()
     # Event codes: 005 terminated; 004 evicted, 009 aborted (removed), 012 held,
@@ -229,3 +229,32 @@ def test_payload_does_not_see_the_pilot_accounts_home(clean: None) -> None:
     prov.run_cycle("test")
     wait_for("the job done", lambda: jobs_left(cluster) == 0, 120)
     assert (out / "0.out").read_text().strip() == "hidden"
+
+
+def test_payload_cannot_read_the_pilot_token(clean: None) -> None:
+    """Jobs run as the pilot account; the job wrapper hides the pilot's token,
+    and the hiding cannot be undone from inside the job."""
+    prov = Provisioner(load_config(CONFIG))
+    out = ALICE / "out" / "steal"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    script = ALICE / "steal.sh"
+    script.write_text(
+        "#!/bin/sh\n"
+        'pilot="$_CONDOR_SCRATCH_DIR/../../.."\n'
+        'test -f "$pilot/condor_config" && echo found-pilot-dir\n'
+        'cat "$pilot/tokens.d/pilot" >/dev/null 2>&1 && echo LEAK || echo hidden\n'
+        'unshare -rm sh -c "umount $pilot/tokens.d; cat $pilot/tokens.d/pilot" >/dev/null 2>&1 '
+        "&& echo LEAK || echo hidden\n")
+    script.chmod(0o755)
+    sub = ALICE / "steal.sub"
+    sub.write_text(f"executable = {script}\n"
+                   f"output = {out}/0.out\nerror = {out}/0.err\nlog = {out}/job.log\n"
+                   "request_cpus = 1\nrequest_memory = 100\nqueue\n")
+    run(["chown", "-R", "alice:alice", str(ALICE)])
+    cluster = run(["condor_submit", "-terse", str(sub)], user="alice",
+                  cwd=str(ALICE)).stdout.split(".")[0].strip()
+    prov.run_cycle("test")
+    wait_for("the job done", lambda: jobs_left(cluster) == 0, 120)
+    assert (out / "0.out").read_text().split() == ["found-pilot-dir", "hidden", "hidden"]
+    assert_clean_completion("steal", 1, outputs=False)

@@ -151,6 +151,10 @@ def test_pilot_settings_from_slurm_environment(tmp_path: object) -> None:
     assert "NUM_CPUS = 4\n" in conf and "MEMORY = 7800\n" in conf
     assert 'PilotSite = "gsi"\n' in conf and "PilotWalltimeEnd = 9999\n" in conf
     assert "CONDOR_HOST = cm.example\n" in conf
+    # Payloads run through the wrapper that hides the pilot's private dirs, FS
+    # authentication happens in one of them.
+    assert f"USER_JOB_WRAPPER = {tmp_path}/job-wrapper.sh\n" in conf
+    assert f"FS_LOCAL_DIR = {tmp_path}/fsauth\n" in conf
 
 
 def test_pilot_refuses_to_start_without_its_settings() -> None:
