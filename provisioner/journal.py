@@ -59,8 +59,3 @@ class Journal:
     def get(self, key: str, default: Any = None) -> Any:
         row = self.db.execute("SELECT value FROM state WHERE key = ?", (key,)).fetchone()
         return json.loads(row[0]) if row else default
-
-    def recent_actions(self, limit: int = 20) -> list[tuple[Any, ...]]:
-        return list(self.db.execute(
-            "SELECT at, kind, site, job_id, detail, outcome FROM actions "
-            "ORDER BY id DESC LIMIT ?", (limit,)))

@@ -79,13 +79,22 @@ def clean() -> Iterator[None]:
 
 
 def submit(name: str, count: int, seconds: int, extra: str = "") -> str:
+    """alice submits `count` jobs that sleep, then print job-<n>-ok; returns the cluster."""
+    return submit_script(name, f"sleep {seconds}; echo job-$1-ok\n", count, extra)
+
+
+def submit_script(name: str, script: str, count: int = 1, extra: str = "") -> str:
+    """alice submits `count` jobs running the shell `script` (argument: the process
+    number); outputs in ~alice/out/<name>/<n>.out, events in job.log."""
     out = ALICE / "out" / name
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
+    executable = ALICE / f"{name}.sh"
+    executable.write_text("#!/bin/sh\n" + script)
+    executable.chmod(0o755)
     sub = ALICE / f"{name}.sub"
     sub.write_text(
-        "executable = /bin/sh\n"
-        f"arguments = \"-c 'sleep {seconds}; echo job-$(Process)-ok'\"\n"
+        f"executable = {executable}\narguments = $(Process)\n"
         f"output = {out}/$(Process).out\nerror = {out}/$(Process).err\nlog = {out}/job.log\n"
         "request_cpus = 1\nrequest_memory = 500\n" + extra + f"queue {count}\n")
     run(["chown", "-R", "alice:alice", str(ALICE)])
@@ -215,46 +224,24 @@ def test_payload_does_not_see_the_pilot_accounts_home(clean: None) -> None:
     """Sites keep the pilot token in the pilot account's home: jobs must not see it."""
     Path("/home/pilot/secret-marker").write_text("x")
     prov = Provisioner(load_config(CONFIG))
-    out = ALICE / "out" / "peek"
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
-    sub = ALICE / "peek.sub"
-    sub.write_text("executable = /bin/sh\n"
-                   "arguments = \"-c 'ls /home/pilot/secret-marker 2>/dev/null || echo hidden'\"\n"
-                   f"output = {out}/0.out\nerror = {out}/0.err\nlog = {out}/job.log\n"
-                   "request_cpus = 1\nrequest_memory = 100\nqueue\n")
-    run(["chown", "-R", "alice:alice", str(ALICE)])
-    cluster = run(["condor_submit", "-terse", str(sub)], user="alice",
-                  cwd=str(ALICE)).stdout.split(".")[0].strip()
+    cluster = submit_script("peek", "ls /home/pilot/secret-marker 2>/dev/null || echo hidden\n")
     prov.run_cycle("test")
     wait_for("the job done", lambda: jobs_left(cluster) == 0, 120)
-    assert (out / "0.out").read_text().strip() == "hidden"
+    assert (ALICE / "out" / "peek" / "0.out").read_text().strip() == "hidden"
 
 
 def test_payload_cannot_read_the_pilot_token(clean: None) -> None:
     """Jobs run as the pilot account; the job wrapper hides the pilot's token,
     and the hiding cannot be undone from inside the job."""
     prov = Provisioner(load_config(CONFIG))
-    out = ALICE / "out" / "steal"
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
-    script = ALICE / "steal.sh"
-    script.write_text(
-        "#!/bin/sh\n"
+    cluster = submit_script("steal", (
         'pilot="$_CONDOR_SCRATCH_DIR/../../.."\n'
         'test -f "$pilot/condor_config" && echo found-pilot-dir\n'
         'cat "$pilot/tokens.d/pilot" >/dev/null 2>&1 && echo LEAK || echo hidden\n'
         'unshare -rm sh -c "umount $pilot/tokens.d; cat $pilot/tokens.d/pilot" >/dev/null 2>&1 '
-        "&& echo LEAK || echo hidden\n")
-    script.chmod(0o755)
-    sub = ALICE / "steal.sub"
-    sub.write_text(f"executable = {script}\n"
-                   f"output = {out}/0.out\nerror = {out}/0.err\nlog = {out}/job.log\n"
-                   "request_cpus = 1\nrequest_memory = 100\nqueue\n")
-    run(["chown", "-R", "alice:alice", str(ALICE)])
-    cluster = run(["condor_submit", "-terse", str(sub)], user="alice",
-                  cwd=str(ALICE)).stdout.split(".")[0].strip()
+        "&& echo LEAK || echo hidden\n"))
     prov.run_cycle("test")
     wait_for("the job done", lambda: jobs_left(cluster) == 0, 120)
-    assert (out / "0.out").read_text().split() == ["found-pilot-dir", "hidden", "hidden"]
+    out = (ALICE / "out" / "steal" / "0.out").read_text().split()
+    assert out == ["found-pilot-dir", "hidden", "hidden"]
     assert_clean_completion("steal", 1, outputs=False)
