@@ -99,6 +99,8 @@ class QueueView:
     running_on: frozenset[str]  # startd names (after "slotN_M@") with a running job
     #: Jobs still queued (idle or running) submitted within the arrival window, by shape.
     recent_arrivals: tuple[Demand, ...] = ()
+    total: int = 0  #: jobs in the queue (idle, running, transferring, suspended)
+    older: int = 0  #: of those, submitted before the arrival window (QDate < since)
 
 
 def startd_of(remote_host: str) -> str:
@@ -113,17 +115,22 @@ def queue_view(ads: Iterable[Any], since: float | None = None) -> QueueView:
     counts: Counter[JobShape] = Counter()
     arrivals: Counter[JobShape] = Counter()
     running: set[str] = set()
+    total = older = 0
     for ad in ads:
+        total += 1
         status = _int(ad, "JobStatus")
         shape = shape_of(ad) if status == 1 or since is not None else None
         if status == 1 and shape is not None:
             counts[shape] += 1
         elif status in HOLDS_CLAIM and _str(ad, "RemoteHost"):
             running.add(startd_of(_str(ad, "RemoteHost")))
-        if since is not None and shape is not None and _int(ad, "QDate") >= since:
-            arrivals[shape] += 1
+        if since is not None and shape is not None:
+            if _int(ad, "QDate") >= since:
+                arrivals[shape] += 1
+            else:
+                older += 1
     return QueueView(tuple(Demand(s, n) for s, n in counts.items()), frozenset(running),
-                     tuple(Demand(s, n) for s, n in arrivals.items()))
+                     tuple(Demand(s, n) for s, n in arrivals.items()), total, older)
 
 
 def pilot_ads_of(slot_ads: Iterable[Any]) -> dict[str, PilotAd]:

@@ -44,20 +44,25 @@ class ReserveConfig(_Model):
     """Predictive headroom: free job slots kept for jobs that are about to arrive.
 
     A job arriving while every pilot is busy waits for a new pilot: cycle delay, SLURM
-    queue wait and boot (the *lead time*). The reserve keeps
-    ``min(max_jobs, ceil(factor * sqrt(2 * a)))`` job slots free, where ``a`` is the number
-    of matchable jobs expected to arrive during one lead time (arrivals in the last
-    ``window_s`` x ``lead_s / window_s``, from `Snapshot.recent_arrivals`). ``sqrt(2 * a)``
-    is the standard deviation of (arrivals - completions) over a lead time when both are
-    Poisson at the same rate, so ``factor`` is a safety factor in standard deviations
-    (base-stock sizing). Slots are split over the recent arrivals by core count, in
-    proportion to their numbers; a slot takes the largest memory seen for its core count.
-    They are packed after all real demand: into free existing capacity first (which is then
-    kept, not released), then into new pilots within what the caps leave.
+    queue wait and boot (the *lead time*). The reserve is a base stock over one lead time:
+    ``min(max_jobs, ceil((a - d) + factor * sqrt(a + d)))`` job slots are kept free,
+    where ``a`` and ``d`` are the matchable jobs expected to arrive and to leave the queue
+    during one lead time (counted over the last ``window_s``, scaled by
+    ``lead_s / window_s``; `Snapshot.recent_arrivals` and `Snapshot.recent_departures`;
+    ``d`` is counted at most up to ``a``, so a shrinking queue keeps the steady reserve).
+    ``a - d`` is the queue's expected growth (a campaign ramping up); ``sqrt(a + d)`` is
+    the standard deviation of that growth when both are Poisson, so ``factor`` is a safety
+    factor in standard deviations. While departures are unknown (the service has not yet
+    watched the queue for one window) ``d = a``. Slots are split over the recent arrivals
+    by core count, in proportion to their numbers; a slot takes the largest memory seen for
+    its core count. They are packed after all real demand: into free existing capacity
+    first (which is then kept, not released), then into new pilots within what the caps
+    leave.
 
     Cost: the reserve is idle allocation, about ``factor * sqrt(2 * a)`` cores at all times
-    while jobs arrive. ``enabled: false`` or ``factor: 0`` turns it off; no recent arrivals
-    means no reserve.
+    while jobs arrive at a steady rate. It buys short waits: the bench's frontier table
+    (`make bench`) shows efficiency and wait p95 for several factors. ``enabled: false``
+    or ``factor: 0`` turns it off; no recent arrivals means no reserve.
     """
 
     enabled: bool = True

@@ -70,10 +70,11 @@ class Pilot:
     name: str | None = None  # startd Name / Machine in the collector (for drain)
     gpus: int = 0  # allocation GPUs
     free_gpus: int = 0  # unclaimed GPUs in the partitionable slot; for PENDING/STARTING = gpus
+    #: "site/job_id", unique over all sites (derived, computed once).
+    key: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def key(self) -> str:
-        return f"{self.site}/{self.job_id}"
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", f"{self.site}/{self.job_id}")
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,11 @@ class Snapshot:
     # Sizes the predictive reserve (`policy.reserve`); empty or window 0 = no reserve.
     recent_arrivals: tuple[Demand, ...] = ()
     arrival_window_s: float = 0.0
+    # Jobs submitted before the window that left the queue during it (finished, removed,
+    # held): with the arrivals this gives the queue's net growth, so the reserve can grow
+    # ahead of a rising queue. None = unknown (e.g. the service just started); the reserve
+    # then assumes departures equal arrivals (a queue that is not growing).
+    recent_departures: int | None = None
 
 
 # Actions: returned as data, applied by the service.

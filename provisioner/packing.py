@@ -1,7 +1,9 @@
 """Counting bin packing of job shapes into pilot slots (pure).
 
-Bins are kept in *groups* of identical bins (same free resources, same deadline, same
-content), so packing N jobs of one shape into M identical pilots costs O(1), not O(N*M).
+Bins are kept in *groups* of identical bins (same free resources, same content), so
+packing N jobs of one shape into M identical pilots costs O(1), not O(N*M). The bins of a
+group may end at different times: `untils` lists them latest first, and a job that states
+a runtime splits off the bins that can still finish it.
 Packing is first-fit over shapes taken in decreasing size order; callers sort the bins
 best-fit-first once, before packing starts.
 """
@@ -9,7 +11,7 @@ best-fit-first once, before packing starts.
 from __future__ import annotations
 
 import math
-from bisect import insort
+from bisect import bisect_right, insort
 from dataclasses import dataclass, field
 
 from provisioner.model import Pilot
@@ -39,28 +41,41 @@ class Item:
 @dataclass(slots=True)
 class BinGroup:
     """`count` identical bins. `members` lists the existing pilots behind them (empty for
-    bins that are new pilots to submit)."""
+    bins that are new pilots to submit); `untils` their walltime ends, latest first (empty:
+    every bin is usable until `usable_until`)."""
 
     free_cpus: int
     free_mem: int
     free_gpus: int
-    usable_until: float  # walltime end: a job with runtime r may start if now + r <= this
+    usable_until: float  # latest walltime end: a job with runtime r needs now + r <= it
     count: int
     members: list[Pilot] = field(default_factory=list)
     used_cpus: int = 0  # per bin, by jobs packed this cycle
     used_mem: int = 0
     used_gpus: int = 0
     jobs: int = 0  # per bin
+    untils: list[float] = field(default_factory=list)
 
     def split(self, n: int) -> BinGroup:
-        """Detach the first `n` bins into a new group (same state) and return it."""
+        """Detach the first `n` bins (the latest-ending) into a new group (same state) and
+        return it."""
         head = BinGroup(
             self.free_cpus, self.free_mem, self.free_gpus, self.usable_until, n,
             self.members[:n], self.used_cpus, self.used_mem, self.used_gpus, self.jobs,
+            self.untils[:n],
         )
         self.members = self.members[n:]
         self.count -= n
+        if self.untils:
+            self.untils = self.untils[n:]
+            self.usable_until = self.untils[0] if self.untils else -INF
         return head
+
+    def usable(self, deadline: float) -> int:
+        """How many of the bins are usable until `deadline` (they come first)."""
+        if not self.untils or self.untils[-1] >= deadline:
+            return self.count if self.usable_until >= deadline else 0
+        return bisect_right(self.untils, -deadline, key=_neg)
 
     def add(self, item: Item, k: int) -> None:
         """Put `k` jobs of `item` into every bin of this group."""
@@ -179,10 +194,21 @@ class CapacityIndex:
         self.registry = registry
         registry.extend(groups)
         self.buckets: dict[int, list[BinGroup]] = {}
-        self.keys: list[int] = []  # bucket keys, largest first
         for g in groups:
-            self._insert(g)
+            self.buckets.setdefault(g.free_cpus, []).append(g)
+        for bucket in self.buckets.values():
+            bucket.sort(key=_neg_mem)  # stable: groups of equal memory keep their order
+        self.keys: list[int] = sorted(self.buckets, reverse=True)  # largest first
         self.failed: list[tuple[int, int, int, float]] = []
+        self._refresh_max_mem()
+
+    def _refresh_max_mem(self) -> None:
+        #: An upper bound on any group's free memory (buckets are sorted by it).
+        self.max_mem = max((b[0].free_mem for b in self.buckets.values() if b), default=0)
+
+    def may_fit(self, item: Item) -> bool:
+        """False only if no group has the cpus and memory for one job of `item`."""
+        return bool(self.keys) and self.keys[0] >= item.cpus and self.max_mem >= item.memory_mb
 
     def _insert(self, g: BinGroup) -> None:
         bucket = self.buckets.get(g.free_cpus)
@@ -223,6 +249,11 @@ class CapacityIndex:
                 if g.free_gpus < gp or g.usable_until < deadline:
                     j += 1
                     continue
+                ok = g.usable(deadline)
+                if ok < g.count:  # only the bins that end late enough take this job
+                    g = g.split(ok)
+                    self.registry.append(g)
+                    bucket.insert(j, g)
                 k = item.per_bin(g.free_cpus, g.free_mem, g.free_gpus)
                 if n >= k * g.count:
                     g.add(item, k)
@@ -238,6 +269,8 @@ class CapacityIndex:
                         head.add(item, per)
                         self.registry.append(head)
                         moved.append(head)
+                if g.count == 0:
+                    del bucket[j]
                 placed += n
                 n = 0
             if not bucket:
@@ -257,11 +290,16 @@ class CapacityIndex:
                 if not (f[0] >= c and f[1] >= m and f[2] >= gp and f[3] >= deadline)
             ]
             self.failed.append((c, m, gp, deadline))
+            self._refresh_max_mem()
         return placed
 
 
 def _neg_mem(g: BinGroup) -> int:
     return -g.free_mem
+
+
+def _neg(x: float) -> float:
+    return -x
 
 
 @dataclass

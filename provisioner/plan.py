@@ -133,33 +133,46 @@ def _existing_bins(
     pilots: Iterable[Pilot], config: Config, now: float, registry: list[BinGroup]
 ) -> dict[str, list[CapacityIndex]]:
     """Capacity that exists, as identical-bin groups per site, one list per tier in order."""
-    raw: dict[tuple[str, int], dict[tuple[int, int, int, float], list[Pilot]]] = (
+    raw: dict[tuple[str, int], dict[tuple[int, int, int], list[tuple[float, Pilot]]]] = (
         defaultdict(lambda: defaultdict(list))
     )
     by_name = {s.name: s for s in config.sites}
     tier_of = {state: i for i, state in enumerate(_TIERS)}
+    whole = (PilotState.PENDING, PilotState.STARTING)
     for p in pilots:
+        tier = tier_of.get(p.state)
         site = by_name.get(p.site)
-        if site is None or p.state not in _ALIVE:
+        if site is None or tier is None:
             continue
-        until = _deadline(p, site, now)
-        if until is None:
-            continue  # within the shutdown margin: not capacity any more
-        if p.state in (PilotState.PENDING, PilotState.STARTING):
+        if p.state in whole:
             free = (p.cpus, p.memory_mb, p.gpus)
-        else:
+        elif p.free_cpus > 0:
             free = (p.free_cpus, p.free_memory_mb, p.free_gpus)
-        if free[0] <= 0:
+        else:
             continue
-        raw[(p.site, tier_of[p.state])][(*free, until)].append(p)
+        end = p.walltime_end
+        if end is not None and p.state is not PilotState.PENDING:
+            if end - site.pilot.shutdown_margin_s <= now:  # `_deadline`, inlined
+                continue
+        else:
+            end = _deadline(p, site, now)
+            if end is None:
+                continue  # within the shutdown margin: not capacity any more
+        raw[(p.site, tier)][free].append((end, p))
     out: dict[str, list[CapacityIndex]] = defaultdict(list)
     for (site_name, _tier), by_free in sorted(raw.items()):
-        groups = [
-            BinGroup(c, m, g, until, len(members), members)
-            for (c, m, g, until), members in by_free.items()
-        ]
+        groups = []
+        for (c, m, g), members in by_free.items():
+            members.sort(key=_latest_first)  # stable: equal ends keep snapshot order
+            untils = [u for u, _p in members]
+            groups.append(BinGroup(c, m, g, untils[0], len(members),
+                                   [p for _u, p in members], untils=untils))
         out[site_name].append(CapacityIndex(groups, registry))
     return out
+
+
+def _latest_first(member: tuple[float, Pilot]) -> float:
+    return -member[0]
 
 
 @dataclass
@@ -187,14 +200,20 @@ def _size_new_pilot(site: SiteConfig, used_cpus: int, used_mem: int) -> tuple[in
     return cpus, memory
 
 
-def reserve_size(matchable_arrivals: int, window_s: float, config: Config) -> int:
-    """Job slots to keep free for jobs about to arrive (see `ReserveConfig`): a safety
-    factor times the standard deviation of net demand over one lead time, capped."""
+def reserve_size(matchable_arrivals: int, window_s: float, config: Config,
+                 departures: int | None = None) -> int:
+    """Job slots to keep free for jobs about to arrive (see `ReserveConfig`): base-stock
+    sizing over one lead time, ``(a - d) + factor * sqrt(a + d)`` with ``a`` and ``d`` the
+    arrivals and departures expected in one lead time, departures counted at most up to
+    the arrivals (unknown: ``d = a``), capped at ``max_jobs``. No recent arrivals means no
+    reserve."""
     r = config.policy.reserve
     if not r.enabled or window_s <= 0 or matchable_arrivals <= 0 or r.max_jobs <= 0:
         return 0
-    expected = matchable_arrivals * r.lead_s / window_s
-    want = r.factor * math.sqrt(2.0 * expected)
+    scale = r.lead_s / window_s
+    a = matchable_arrivals * scale
+    d = a if departures is None else min(a, max(0, departures) * scale)
+    want = (a - d) + r.factor * math.sqrt(a + d)
     return max(0, min(r.max_jobs, math.ceil(want - 1e-9)))
 
 
@@ -221,7 +240,7 @@ def _reserve_rows(snapshot: Snapshot, config: Config, sites: Sequence[SiteConfig
         counts[key] += d.idle
         memory[key] = max(memory.get(key, 0), shape.memory_mb)
     total = sum(counts.values())
-    size = reserve_size(total, snapshot.arrival_window_s, config)
+    size = reserve_size(total, snapshot.arrival_window_s, config, snapshot.recent_departures)
     if size == 0:
         return []
     order = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
@@ -291,7 +310,7 @@ def plan(snapshot: Snapshot, config: Config, now: float) -> Plan:
             if not site_bins:
                 continue
             for bins in site_bins:
-                if not bins.keys or bins.keys[0] < item.cpus:
+                if not bins.may_fit(item):
                     continue  # nothing there can hold this job (cheap pre-check)
                 got = bins.fill(item, left[i], deadline, floor)
                 if got:

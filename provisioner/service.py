@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from provisioner import plan as planner
+from provisioner.arrivals import QueueHistory, departures
 from provisioner.cadence import CycleMark, Probe, cycle_due
 from provisioner.condor import PilotAd, Pool, PoolUnreachable
 from provisioner.config import Config
@@ -175,6 +176,7 @@ class Provisioner:
         self.last_submit: dict[str, float] = {}
         self.last_mark: CycleMark | None = None
         self.cycles = 0
+        self.history = QueueHistory(config.policy.reserve.window_s)
 
     # --- observe ---------------------------------------------------------
     def observe(self) -> Observation:
@@ -184,16 +186,21 @@ class Provisioner:
         ads: dict[str, PilotAd] = {}
         running_on: frozenset[str] = frozenset()
         arrivals: tuple[Demand, ...] = ()
-        reserve = self.config.policy.reserve
-        window = reserve.window_s if reserve.enabled else 0.0
+        left: int | None = None
+        window = 0.0
+        since, size_then = self.history.baseline(now)
         try:
-            queue = self.pool.queue(now - window if window else None)
+            queue = self.pool.queue(since if self.config.policy.reserve.enabled else None)
             demand, running_on, arrivals = queue.demand, queue.running_on, queue.recent_arrivals
             ads = self.pool.pilot_ads()
         except PoolUnreachable as exc:
             log.error("pool unknown this cycle (no scale-down, no submissions): %s", exc)
             pool_known = False
-            window = 0.0
+        else:
+            self.history.record(now, queue.total)
+            if self.config.policy.reserve.enabled:
+                window = now - since
+                left = departures(size_then, queue.older)
         views, pilots, jobs = [], [], {}
         for site in self.config.sites:
             try:
@@ -218,7 +225,7 @@ class Provisioner:
             demand=demand, pilots=tuple(pilots), sites=tuple(views), pool_known=pool_known,
             flagged=dict(self.flagged), last_submit=dict(self.last_submit),
             idle_cycles=dict(self.idle_cycles), recent_arrivals=arrivals,
-            arrival_window_s=window)
+            arrival_window_s=window, recent_departures=left)
         return Observation(snapshot, ads, jobs, running_on)
 
     # --- act -------------------------------------------------------------

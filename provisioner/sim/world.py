@@ -193,6 +193,7 @@ class World:
         self.unmatchable: list[SimJob] = []
         self.jobs: list[SimJob] = []  # arrival order
         self._submit_times: list[float] = []  # of self.jobs, ascending
+        self._left: list[tuple[float, float]] = []  # (end, submit) of ended jobs, by end
         self.pilots: dict[int, SimPilot] = {}  # not yet ended
         self.all_pilots: list[SimPilot] = []
         self.pending: dict[str, list[SimPilot]] = {name: [] for name in self.sites}
@@ -252,6 +253,13 @@ class World:
             j.shape for j in self.jobs[first:] if j.end is None)
         return tuple(Demand(s, n) for s, n in shapes.items())
 
+    def recent_departures(self, window_s: float) -> int:
+        """Jobs submitted before the window that left the queue during it: what the
+        service derives from the queue size one window ago (`provisioner.arrivals`)."""
+        since = self.now - window_s
+        first = bisect_left(self._left, (since, -math.inf))
+        return sum(1 for _end, submit in self._left[first:] if submit < since)
+
     def snapshot(self, flagged: dict[str, float] | None = None,
                  idle_cycles: dict[str, int] | None = None,
                  arrival_window_s: float = 0.0) -> Snapshot:
@@ -265,6 +273,8 @@ class World:
             idle_cycles=dict(idle_cycles or {}),
             recent_arrivals=self.recent_arrivals(arrival_window_s) if arrival_window_s else (),
             arrival_window_s=arrival_window_s,
+            recent_departures=(self.recent_departures(arrival_window_s)
+                               if arrival_window_s else None),
         )
 
     # -- actions ------------------------------------------------------------------------------
@@ -345,6 +355,7 @@ class World:
         assert p is not None and job.start is not None
         job.end = self.now
         job.killed = killed
+        self._left.append((self.now, job.spec.submit))
         self.claimed_core_s += job.shape.cpus * (self.now - job.start)
         p.jobs.discard(job)
         p.used_cpus -= job.shape.cpus

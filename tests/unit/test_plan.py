@@ -77,6 +77,21 @@ def test_stated_runtime_needs_a_pilot_that_can_finish_it() -> None:
     assert len(submits(plan(snap([(long_, 1)], [p]), config(), NOW))) == 1
 
 
+def test_equal_pilots_with_different_ends_take_long_jobs_on_the_later_one() -> None:
+    """Pilots with the same free resources are packed as one group; a job stating a
+    runtime goes only to the members that can finish it, the other stays unused."""
+    soon = pilot("1", PilotState.IDLE, cpus=1, memory_mb=4000, end=NOW + 3000)
+    late = pilot("2", PilotState.IDLE, cpus=1, memory_mb=4000, end=NOW + 9000)
+    long_ = JobShape(1, 2000, runtime_s=7200)
+    for pilots in ([soon, late], [late, soon]):
+        result = plan(snap([(long_, 1)], pilots), config(), NOW)
+        assert submits(result) == []
+        assert [a.pilot.key for a in result.actions if isinstance(a, Flag)] == [soon.key]
+    # two such jobs: one fits the later pilot, the other needs a new pilot
+    result = plan(snap([(long_, 2)], [soon, late]), config(), NOW)
+    assert sum(s.count for s in submits(result)) == 1
+
+
 def test_unmatchable_reported_with_field_and_numbers() -> None:
     huge = JobShape(1, 2_000_000)
     result = plan(snap([(huge, 3)]), config(site(memory_mb=192000)), NOW)

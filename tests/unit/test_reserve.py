@@ -3,6 +3,7 @@ idle and pending pilots that hold it, and the cadence trigger when it is drawn o
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from provisioner.cadence import CycleMark, Probe, cycle_due
@@ -99,3 +100,24 @@ def test_cadence_reserve_drawn_on() -> None:
     assert cycle_due(1005, Probe(0, frozenset({"a/2"})), mark, pol) == ""  # minimum gap
     no_reserve = CycleMark(at=1000, idle_jobs=0, idle_pilots=frozenset({"a/1", "a/2"}))
     assert cycle_due(1015, Probe(0, frozenset({"a/2"})), no_reserve, pol) == ""
+
+
+def test_reserve_grows_ahead_of_a_growing_queue() -> None:
+    cfg = config(reserve=RES)
+    # 60 arrivals and as many departures in 900 s: a = d = 16 per lead time, no growth
+    assert reserve_size(60, 900, cfg, departures=60) == reserve_size(60, 900, cfg) == 15
+    # nothing left the queue: it grows by a = 16 per lead time on top of 2.5 * sqrt(16)
+    assert reserve_size(60, 900, cfg, departures=0) == 16 + 10
+    # half left: growth 8, spread sqrt(24)
+    assert reserve_size(60, 900, cfg, departures=30) == math.ceil(8 + 2.5 * math.sqrt(24))
+    # a shrinking queue keeps the steady reserve (departures count up to the arrivals)
+    assert reserve_size(60, 900, cfg, departures=500) == 15
+    assert reserve_size(0, 900, cfg, departures=0) == 0  # no arrivals, no reserve
+
+
+def test_plan_uses_the_departures_of_the_snapshot() -> None:
+    cfg = config(site(max_pilots=100, max_pending=50, max_submit=50), reserve=RES)
+    steady = snap(arrivals=[(ONE, 60)])
+    growing = dataclasses.replace(steady, recent_departures=0)
+    assert plan(steady, cfg, NOW).reserve_jobs == 15
+    assert plan(growing, cfg, NOW).reserve_jobs == 26

@@ -1,0 +1,51 @@
+"""How the queue moved over the reserve's window (pure; the service keeps one).
+
+The schedd query gives the jobs in the queue now with their QDate, so the arrivals of the
+last window are counted directly. Departures (jobs that finished, were removed or held)
+are no longer in the queue; they follow from the queue size one window ago:
+``departures = size_then - (jobs now with QDate < then)``. Jobs that arrived and left
+within the window appear in neither count, so the queue's net growth is exact.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass
+class QueueHistory:
+    """Queue sizes seen at past cycles, enough to look one window back."""
+
+    window_s: float
+    samples: deque[tuple[float, int]] = field(default_factory=deque)  # (time, jobs)
+
+    def baseline(self, now: float) -> tuple[float, int | None]:
+        """(start of the arrival window, queue size then): the newest sample at least
+        `window_s` old, or (now - window_s, None) while none is that old."""
+        best: tuple[float, int] | None = None
+        for t, size in self.samples:
+            if t <= now - self.window_s:
+                best = (t, size)
+            else:
+                break
+        if best is None:
+            return now - self.window_s, None
+        return best
+
+    def record(self, now: float, size: int) -> None:
+        """Remember the queue size at `now`; forget samples no window will need."""
+        if self.samples and now < self.samples[-1][0]:
+            self.samples.clear()  # the clock went back: start over rather than mislead
+        self.samples.append((now, size))
+        while len(self.samples) > 1 and self.samples[1][0] <= now - self.window_s:
+            self.samples.popleft()
+
+
+def departures(size_then: int | None, older_now: int) -> int | None:
+    """Jobs that were in the queue at the window's start and have left it since; None if
+    the size then is unknown. Never negative (a job released from hold re-enters with its
+    old QDate)."""
+    if size_then is None:
+        return None
+    return max(0, size_then - older_now)
