@@ -118,9 +118,16 @@ def mixed(seed: int, duration: float = 2 * DAY, rate_per_h: float = 120) -> list
     return steady(seed, duration, rate_per_h, shapes=mixed_shapes)
 
 
+def steady_4x(seed: int, duration: float = 2 * DAY) -> list[JobSpec]:
+    """The steady trace at four times the rate (960 jobs/h, ~1000 busy cores): the reserve
+    grows with the square root of the rate, so its share of the allocation halves."""
+    return steady(seed, duration, rate_per_h=960)
+
+
 TRACES: dict[str, Callable[[int], list[JobSpec]]] = {
     "steady": steady,
     "bursty": bursty,
     "diurnal": diurnal,
     "mixed": mixed,
+    "steady-4x": steady_4x,
 }

@@ -1,0 +1,52 @@
+"""The reserve's inputs from the real schedd: arrivals by QDate and departures from the
+queue size one window back (provisioner.arrivals), through `Provisioner.observe()`.
+
+The service's clock is injected so that one window passes at once; QDate and the
+queue are real. Nothing is acted on: no pilot is submitted.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from conftest import run
+from test_loop import CONFIG, clean, jobs_left, submit  # noqa: F401 (clean: fixture)
+
+from provisioner.config import load_config
+from provisioner.plan import plan, reserve_size
+from provisioner.service import Provisioner
+
+WINDOW = 600.0
+
+
+@pytest.mark.usefixtures("clean")
+def test_departures_follow_the_real_queue() -> None:
+    base = load_config(CONFIG)
+    reserve = base.policy.reserve.model_copy(
+        update={"enabled": True, "window_s": WINDOW, "factor": 2.0})
+    config = base.model_copy(
+        update={"policy": base.policy.model_copy(update={"reserve": reserve})})
+    first_cluster = submit("early", 3, 600)
+    time.sleep(1.1)  # QDate has one-second resolution: keep it clear of t0
+    now = [time.time()]  # t0
+    prov = Provisioner(config, clock=lambda: now[0])
+    first = prov.observe().snapshot
+    assert first.recent_departures is None  # not yet watched for one window
+    assert sum(d.idle for d in first.recent_arrivals) == 3
+
+    run(["condor_rm", f"{first_cluster}.0"])
+    assert jobs_left(first_cluster) == 2
+    time.sleep(1.1)
+    late_cluster = submit("late", 4, 600)
+    now[0] += WINDOW + 1  # one window later, as the service sees it
+    snap = prov.observe().snapshot
+    # since = t0: the four late jobs arrived, one of the three early ones left
+    assert sum(d.idle for d in snap.recent_arrivals) == 4
+    assert snap.recent_departures == 1
+    assert abs(snap.arrival_window_s - (WINDOW + 1)) < 1e-6
+    expected = reserve_size(4, snap.arrival_window_s, config, 1)
+    assert expected > reserve_size(4, snap.arrival_window_s, config, None)  # the queue grows
+    result = plan(snap, config, now[0])
+    assert result.reserve_jobs == expected
+    run(["condor_rm", first_cluster, late_cluster])
