@@ -72,7 +72,7 @@ class ReserveConfig(_Model):
     #: SLURM queue wait + pilot boot, at the sites the reserve goes to (highest weight).
     lead_s: float = Field(default=240, ge=0)
     #: Safety factor in standard deviations of net demand over one lead time.
-    factor: float = Field(default=2.5, ge=0)
+    factor: float = Field(default=2.0, ge=0)
     #: Upper bound on reserved job slots (over all sites).
     max_jobs: int = Field(default=64, ge=0)
 
