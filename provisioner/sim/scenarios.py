@@ -11,8 +11,9 @@ from provisioner.config import (
     SiteConfig,
 )
 from provisioner.sim.policies import CobaldPolicy, PlanPolicy, PrototypePolicy
+from provisioner.sim.results import RunResult
 from provisioner.sim.traces import TRACES
-from provisioner.sim.world import Policy, RunResult, SiteModel, World
+from provisioner.sim.world import Policy, SiteModel, World
 
 POLICIES = ("prototype", "cobald", "ours")
 

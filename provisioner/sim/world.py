@@ -39,6 +39,7 @@ from provisioner.model import (
     Submit,
     round_memory,
 )
+from provisioner.sim.results import RunResult, Sample, summarize
 from provisioner.sim.traces import HOUR, JobSpec
 
 
@@ -128,52 +129,6 @@ class SimPilot:
         if s.runtime_s is not None:
             return now + s.runtime_s <= end
         return now < self.margin_at
-
-
-@dataclass
-class Sample:
-    t: float
-    idle_jobs: int
-    running_jobs: int
-    pilots: int
-    pending_pilots: int
-    allocated_cores: int
-    claimed_cores: int
-
-
-@dataclass
-class RunResult:
-    policy: str
-    trace: str
-    jobs: int
-    unmatchable_jobs: int
-    finished: int
-    running: int
-    queued: int
-    killed: int
-    wait_p50_s: float
-    wait_p95_s: float
-    wait_max_s: float
-    allocated_core_h: float
-    claimed_core_h: float
-    pilots_submitted: int
-    pilots_started: int
-    pilots_never_claimed: int
-    submissions_per_h: float
-    sim_hours: float
-    timeline: list[Sample] = field(repr=False, default_factory=list)
-
-    @property
-    def efficiency(self) -> float:
-        return self.claimed_core_h / self.allocated_core_h if self.allocated_core_h else 0.0
-
-
-def _percentile(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    idx = min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))
-    return ordered[idx]
 
 
 class World:
@@ -458,7 +413,7 @@ class World:
                     self._at(t + self.sample_s, "sample")
             if t >= end_of_trace and not arrivals_left and not self.queue and not self.pilots:
                 break
-        return self._result(policy.name, trace_name)
+        return summarize(self, policy.name, trace_name)
 
     def _sample(self) -> None:
         running = [p for p in self.pilots.values() if p.started_at is not None]
@@ -469,33 +424,3 @@ class World:
             allocated_cores=sum(p.cpus for p in running),
             claimed_cores=sum(p.used_cpus for p in running),
         ))
-
-    def _result(self, policy: str, trace: str) -> RunResult:
-        # close the books at `now`: charge what still runs up to now
-        allocated = self.allocated_core_s + sum(
-            p.cpus * (self.now - p.started_at) for p in self.pilots.values()
-            if p.started_at is not None)
-        claimed = self.claimed_core_s + sum(
-            j.shape.cpus * (self.now - j.start) for p in self.pilots.values()
-            for j in p.jobs if j.start is not None)
-        never = {id(j) for j in self.unmatchable}
-        matchable = [j for j in self.jobs if id(j) not in never]
-        waits = [(j.start if j.start is not None else self.now) - j.spec.submit
-                 for j in matchable]
-        started = [p for p in self.all_pilots if p.started_at is not None]
-        hours = max(self.now, 1.0) / HOUR
-        return RunResult(
-            policy=policy, trace=trace, jobs=len(self.jobs),
-            unmatchable_jobs=len(self.unmatchable),
-            finished=sum(1 for j in matchable if j.end is not None and not j.killed),
-            running=sum(1 for j in matchable if j.start is not None and j.end is None),
-            queued=len(self.queue),
-            killed=sum(1 for j in matchable if j.killed),
-            wait_p50_s=_percentile(waits, 0.50), wait_p95_s=_percentile(waits, 0.95),
-            wait_max_s=max(waits, default=0.0),
-            allocated_core_h=allocated / HOUR, claimed_core_h=claimed / HOUR,
-            pilots_submitted=len(self.all_pilots), pilots_started=len(started),
-            pilots_never_claimed=sum(1 for p in started if not p.claimed),
-            submissions_per_h=len(self.all_pilots) / hours, sim_hours=hours,
-            timeline=self.timeline,
-        )

@@ -7,8 +7,8 @@ import pytest
 from provisioner.cadence import CycleMark, Probe, cycle_due
 from provisioner.config import PolicyConfig
 from provisioner.sim import TRACES, run_scenario
+from provisioner.sim.results import RunResult
 from provisioner.sim.traces import HOUR
-from provisioner.sim.world import RunResult
 
 SHORT = 6 * HOUR
 

@@ -1,0 +1,90 @@
+"""What one simulated run measured (`RunResult`), and how it is read off a World."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from provisioner.sim.traces import HOUR
+
+if TYPE_CHECKING:
+    from provisioner.sim.world import World
+
+
+@dataclass
+class Sample:
+    t: float
+    idle_jobs: int
+    running_jobs: int
+    pilots: int
+    pending_pilots: int
+    allocated_cores: int
+    claimed_cores: int
+
+
+@dataclass
+class RunResult:
+    policy: str
+    trace: str
+    jobs: int
+    unmatchable_jobs: int
+    finished: int
+    running: int
+    queued: int
+    killed: int
+    wait_p50_s: float
+    wait_p95_s: float
+    wait_max_s: float
+    allocated_core_h: float
+    claimed_core_h: float
+    pilots_submitted: int
+    pilots_started: int
+    pilots_never_claimed: int
+    submissions_per_h: float
+    sim_hours: float
+    timeline: list[Sample] = field(repr=False, default_factory=list)
+
+    @property
+    def efficiency(self) -> float:
+        return self.claimed_core_h / self.allocated_core_h if self.allocated_core_h else 0.0
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    idx = min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))
+    return ordered[idx]
+
+
+def summarize(world: World, policy: str, trace: str) -> RunResult:
+    """The run's outputs, books closed at `world.now`: what still runs is charged up to
+    then."""
+    now = world.now
+    allocated = world.allocated_core_s + sum(
+        p.cpus * (now - p.started_at) for p in world.pilots.values()
+        if p.started_at is not None)
+    claimed = world.claimed_core_s + sum(
+        j.shape.cpus * (now - j.start) for p in world.pilots.values()
+        for j in p.jobs if j.start is not None)
+    never = {id(j) for j in world.unmatchable}
+    matchable = [j for j in world.jobs if id(j) not in never]
+    waits = [(j.start if j.start is not None else now) - j.spec.submit for j in matchable]
+    started = [p for p in world.all_pilots if p.started_at is not None]
+    hours = max(now, 1.0) / HOUR
+    return RunResult(
+        policy=policy, trace=trace, jobs=len(world.jobs),
+        unmatchable_jobs=len(world.unmatchable),
+        finished=sum(1 for j in matchable if j.end is not None and not j.killed),
+        running=sum(1 for j in matchable if j.start is not None and j.end is None),
+        queued=len(world.queue),
+        killed=sum(1 for j in matchable if j.killed),
+        wait_p50_s=percentile(waits, 0.50), wait_p95_s=percentile(waits, 0.95),
+        wait_max_s=max(waits, default=0.0),
+        allocated_core_h=allocated / HOUR, claimed_core_h=claimed / HOUR,
+        pilots_submitted=len(world.all_pilots), pilots_started=len(started),
+        pilots_never_claimed=sum(1 for p in started if not p.claimed),
+        submissions_per_h=len(world.all_pilots) / hours, sim_hours=hours,
+        timeline=world.timeline,
+    )
