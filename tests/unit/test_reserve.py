@@ -6,6 +6,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from provisioner.cadence import CycleMark, Probe, cycle_due
 from provisioner.config import PolicyConfig, ReserveConfig
 from provisioner.model import Cancel, Flag, JobShape, PilotState, Release, Submit
@@ -121,3 +124,15 @@ def test_plan_uses_the_departures_of_the_snapshot() -> None:
     growing = dataclasses.replace(steady, recent_departures=0)
     assert plan(steady, cfg, NOW).reserve_jobs == 15
     assert plan(growing, cfg, NOW).reserve_jobs == 26
+
+
+@given(arrivals=st.integers(0, 5000), departures=st.one_of(st.none(), st.integers(0, 5000)),
+       factor=st.floats(0, 5), window=st.sampled_from((0.0, 60.0, 900.0, 3600.0)))
+def test_reserve_size_bounded_and_growing_with_arrivals(
+        arrivals: int, departures: int | None, factor: float, window: float) -> None:
+    cfg = config(reserve=RES.model_copy(update={"factor": factor}))
+    size = reserve_size(arrivals, window, cfg, departures)
+    assert 0 <= size <= RES.max_jobs
+    if arrivals == 0 or window == 0:
+        assert size == 0
+    assert reserve_size(arrivals + 1, window, cfg, departures) >= size
