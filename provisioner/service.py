@@ -407,7 +407,10 @@ def summary_line(cycle: CycleResult) -> str:
         parts.append(f"{view.name}: " + (" ".join(f"{n} {s}" for s, n in sorted(states.items()))
                                          or "no pilots"))
     if cycle.plan.reserve_jobs:
-        parts.append(f"reserve {cycle.plan.reserve_held}/{cycle.plan.reserve_jobs} slots")
+        left = "?" if snap.recent_departures is None else snap.recent_departures
+        parts.append(f"reserve {cycle.plan.reserve_held}/{cycle.plan.reserve_jobs} slots "
+                     f"(arrived {sum(d.idle for d in snap.recent_arrivals)}, left {left} "
+                     f"in {snap.arrival_window_s:.0f} s)")
     if cycle.plan.unmatchable:
         parts.append(f"unmatchable {sum(u.idle for u in cycle.plan.unmatchable)}")
     acts = [describe(a) for a in cycle.plan.actions]

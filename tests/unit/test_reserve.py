@@ -136,3 +136,16 @@ def test_reserve_size_bounded_and_growing_with_arrivals(
     if arrivals == 0 or window == 0:
         assert size == 0
     assert reserve_size(arrivals + 1, window, cfg, departures) >= size
+
+
+def test_cycle_line_says_why_the_reserve_has_its_size() -> None:
+    from provisioner.service import CycleResult, Observation, summary_line
+
+    cfg = config(site(max_pilots=100, max_pending=50, max_submit=50), reserve=RES)
+    s = dataclasses.replace(snap(arrivals=[(ONE, 60)]), recent_departures=0)
+    line = summary_line(CycleResult("test", Observation(s, {}, {}), plan(s, cfg, NOW)))
+    assert "reserve 26/26 slots (arrived 60, left 0 in 900 s)" in line
+    unknown = snap(arrivals=[(ONE, 60)])
+    line = summary_line(CycleResult("test", Observation(unknown, {}, {}),
+                                    plan(unknown, cfg, NOW)))
+    assert "(arrived 60, left ? in 900 s)" in line
