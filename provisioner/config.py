@@ -45,19 +45,21 @@ class ReserveConfig(_Model):
 
     A job arriving while every pilot is busy waits for a new pilot: cycle delay, SLURM
     queue wait and boot (the *lead time*). The reserve is a base stock over one lead time:
-    ``min(max_jobs, ceil((a - d) + factor * sqrt(a + d)))`` job slots are kept free,
-    where ``a`` and ``d`` are the matchable jobs expected to arrive and to leave the queue
-    during one lead time (counted over the last ``window_s``, scaled by
-    ``lead_s / window_s``; `Snapshot.recent_arrivals` and `Snapshot.recent_departures`;
-    ``d`` is counted at most up to ``a``, so a shrinking queue keeps the steady reserve).
-    ``a - d`` is the queue's expected growth (a campaign ramping up); ``sqrt(a + d)`` is
-    the standard deviation of that growth when both are Poisson, so ``factor`` is a safety
-    factor in standard deviations. While departures are unknown (the service has not yet
-    watched the queue for one window) ``d = a``. Slots are split over the recent arrivals
-    by core count, in proportion to their numbers; a slot takes the largest memory seen for
-    its core count. They are packed after all real demand: into free existing capacity
-    first (which is then kept, not released), then into new pilots within what the caps
-    leave.
+    ``min(max_jobs, ceil(growth + factor * sqrt(a + d)))`` job slots are kept free, where
+    ``a`` and ``d`` are the matchable jobs expected to arrive and to leave the queue during
+    one lead time (counted over the last ``window_s``, scaled by ``lead_s / window_s``;
+    `Snapshot.recent_arrivals` and `Snapshot.recent_departures`; ``d`` is counted at most
+    up to ``a``, so a shrinking queue keeps the steady reserve). ``sqrt(a + d)`` is the
+    standard deviation of the queue's growth over one lead time when both are Poisson, so
+    ``factor`` is a safety factor in standard deviations. ``growth`` is the expected
+    growth ``a - d`` (a campaign ramping up) less one standard deviation of its estimate,
+    and never negative: a steady queue's sampling noise adds nothing. While departures
+    are unknown (the service has not yet watched the queue for one window) ``d = a``.
+    Slots are split over the recent arrivals by core count in proportion to the square
+    root of their numbers (a rare shape's arrivals vary relatively more, so it gets more
+    than its count); a slot takes the largest memory seen for its core count. They are
+    packed after all real demand: into free existing capacity first (which is then kept,
+    not released), then into new pilots within what the caps leave.
 
     Cost: the reserve is idle allocation, about ``factor * sqrt(2 * a)`` cores at all times
     while jobs arrive at a steady rate. It buys short waits: the bench's frontier table

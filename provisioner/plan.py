@@ -203,17 +203,21 @@ def _size_new_pilot(site: SiteConfig, used_cpus: int, used_mem: int) -> tuple[in
 def reserve_size(matchable_arrivals: int, window_s: float, config: Config,
                  departures: int | None = None) -> int:
     """Job slots to keep free for jobs about to arrive (see `ReserveConfig`): base-stock
-    sizing over one lead time, ``(a - d) + factor * sqrt(a + d)`` with ``a`` and ``d`` the
+    sizing over one lead time, ``growth + factor * sqrt(a + d)`` with ``a`` and ``d`` the
     arrivals and departures expected in one lead time, departures counted at most up to
-    the arrivals (unknown: ``d = a``), capped at ``max_jobs``. No recent arrivals means no
-    reserve."""
+    the arrivals (unknown: ``d = a``), and ``growth = max(0, a - d - noise)`` where
+    ``noise`` is one standard deviation of the estimate ``a - d``; capped at
+    ``max_jobs``. No recent arrivals means no reserve."""
     r = config.policy.reserve
     if not r.enabled or window_s <= 0 or matchable_arrivals <= 0 or r.max_jobs <= 0:
         return 0
     scale = r.lead_s / window_s
     a = matchable_arrivals * scale
     d = a if departures is None else min(a, max(0, departures) * scale)
-    want = (a - d) + r.factor * math.sqrt(a + d)
+    # growth counts only beyond its own sampling noise (one standard deviation of the
+    # difference of two Poisson counts over the window): a steady queue adds nothing
+    noise = math.sqrt(matchable_arrivals + d / scale) * scale if departures is not None else 0
+    want = max(0.0, a - d - noise) + r.factor * math.sqrt(a + d)
     return max(0, min(r.max_jobs, math.ceil(want - 1e-9)))
 
 
@@ -226,7 +230,7 @@ def _reserve_rows(snapshot: Snapshot, config: Config, sites: Sequence[SiteConfig
     Recently arrived matchable jobs are grouped by (cpus, gpus, DesiredSites); a group's
     reserve slot takes the largest memory seen in it and no stated runtime, so one slot
     fits any recent job of that group. The reserve is split over the groups in proportion
-    to their arrivals (largest remainder)."""
+    to the square root of their arrivals (largest remainder)."""
     counts: Counter[tuple[int, int, tuple[str, ...]]] = Counter()
     memory: dict[tuple[int, int, tuple[str, ...]], int] = {}
     for d in snapshot.recent_arrivals:
@@ -244,9 +248,14 @@ def _reserve_rows(snapshot: Snapshot, config: Config, sites: Sequence[SiteConfig
     if size == 0:
         return []
     order = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-    quota = {key: size * n // total for key, n in order}
+    # square-root split: each group's share follows the spread of its own arrivals, so a
+    # rare shape gets relatively more than its count (largest remainder rounding)
+    roots = {key: math.sqrt(n) for key, n in order}
+    norm = sum(roots.values())
+    exact = {key: size * roots[key] / norm for key, _n in order}
+    quota = {key: int(exact[key]) for key, _n in order}
     rest = size - sum(quota.values())
-    by_remainder = sorted(order, key=lambda kv: (-(size * kv[1] % total), -kv[1], kv[0]))
+    by_remainder = sorted(order, key=lambda kv: (-(exact[kv[0]] - quota[kv[0]]), -kv[1], kv[0]))
     for key, _n in by_remainder[:rest]:
         quota[key] += 1
     rows: list[Row] = []

@@ -38,15 +38,15 @@ def test_departures_follow_the_real_queue() -> None:
     run(["condor_rm", f"{first_cluster}.0"])
     assert jobs_left(first_cluster) == 2
     time.sleep(1.1)
-    late_cluster = submit("late", 4, 600)
+    late_cluster = submit("late", 10, 600)
     now[0] += WINDOW + 1  # one window later, as the service sees it
     snap = prov.observe().snapshot
-    # since = t0: the four late jobs arrived, one of the three early ones left
-    assert sum(d.idle for d in snap.recent_arrivals) == 4
+    # since = t0: the ten late jobs arrived, one of the three early ones left
+    assert sum(d.idle for d in snap.recent_arrivals) == 10
     assert snap.recent_departures == 1
     assert abs(snap.arrival_window_s - (WINDOW + 1)) < 1e-6
-    expected = reserve_size(4, snap.arrival_window_s, config, 1)
-    assert expected > reserve_size(4, snap.arrival_window_s, config, None)  # the queue grows
+    expected = reserve_size(10, snap.arrival_window_s, config, 1)
+    assert expected > reserve_size(10, snap.arrival_window_s, config, None)  # it grows
     result = plan(snap, config, now[0])
     assert result.reserve_jobs == expected
     run(["condor_rm", first_cluster, late_cluster])

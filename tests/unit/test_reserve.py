@@ -109,10 +109,18 @@ def test_reserve_grows_ahead_of_a_growing_queue() -> None:
     cfg = config(reserve=RES)
     # 60 arrivals and as many departures in 900 s: a = d = 16 per lead time, no growth
     assert reserve_size(60, 900, cfg, departures=60) == reserve_size(60, 900, cfg) == 15
-    # nothing left the queue: it grows by a = 16 per lead time on top of 2.5 * sqrt(16)
-    assert reserve_size(60, 900, cfg, departures=0) == 16 + 10
-    # half left: growth 8, spread sqrt(24)
-    assert reserve_size(60, 900, cfg, departures=30) == math.ceil(8 + 2.5 * math.sqrt(24))
+    # nothing left the queue: it grows by a = 16 per lead time, less one standard deviation
+    # of that estimate (sqrt(60 + 0) arrivals over the window, scaled to the lead time), on
+    # top of 2.5 * sqrt(16)
+    scale = 240 / 900
+    assert reserve_size(60, 900, cfg, departures=0) == math.ceil(
+        16 - math.sqrt(60) * scale + 10) == 24
+    # half left: growth 8 less sqrt(90) * scale, spread sqrt(24)
+    assert reserve_size(60, 900, cfg, departures=30) == math.ceil(
+        8 - math.sqrt(90) * scale + 2.5 * math.sqrt(24)) == 18
+    # a growth within its own noise adds nothing
+    assert reserve_size(60, 900, cfg, departures=55) == math.ceil(
+        2.5 * math.sqrt((60 + 55) * scale)) == 14
     # a shrinking queue keeps the steady reserve (departures count up to the arrivals)
     assert reserve_size(60, 900, cfg, departures=500) == 15
     assert reserve_size(0, 900, cfg, departures=0) == 0  # no arrivals, no reserve
@@ -123,7 +131,7 @@ def test_plan_uses_the_departures_of_the_snapshot() -> None:
     steady = snap(arrivals=[(ONE, 60)])
     growing = dataclasses.replace(steady, recent_departures=0)
     assert plan(steady, cfg, NOW).reserve_jobs == 15
-    assert plan(growing, cfg, NOW).reserve_jobs == 26
+    assert plan(growing, cfg, NOW).reserve_jobs == 24
 
 
 @given(arrivals=st.integers(0, 5000), departures=st.one_of(st.none(), st.integers(0, 5000)),
@@ -144,8 +152,20 @@ def test_cycle_line_says_why_the_reserve_has_its_size() -> None:
     cfg = config(site(max_pilots=100, max_pending=50, max_submit=50), reserve=RES)
     s = dataclasses.replace(snap(arrivals=[(ONE, 60)]), recent_departures=0)
     line = summary_line(CycleResult("test", Observation(s, {}, {}), plan(s, cfg, NOW)))
-    assert "reserve 26/26 slots (arrived 60, left 0 in 900 s)" in line
+    assert "reserve 24/24 slots (arrived 60, left 0 in 900 s)" in line
     unknown = snap(arrivals=[(ONE, 60)])
     line = summary_line(CycleResult("test", Observation(unknown, {}, {}),
                                     plan(unknown, cfg, NOW)))
     assert "(arrived 60, left ? in 900 s)" in line
+
+
+def test_reserve_split_gives_rare_shapes_more_than_their_count() -> None:
+    """Square-root split: 90 one-core and 10 eight-core arrivals share 19 slots 14 : 5
+    (in proportion to the counts it would be 17 : 2, and the rare 8-core jobs would
+    mostly find no slot)."""
+    from provisioner.plan import _reserve_rows
+
+    cfg = config(reserve=RES)
+    eight = JobShape(8, 16000)
+    rows = _reserve_rows(snap(arrivals=[(ONE, 90), (eight, 10)]), cfg, cfg.sites)
+    assert {(r[0].cpus, r[2]) for r in rows} == {(1, 14), (8, 5)}
