@@ -59,7 +59,6 @@ _TIERS: tuple[PilotState, ...] = (
     PilotState.STARTING,
     PilotState.PENDING,
 )
-_ALIVE = frozenset(_TIERS)
 _WARM = frozenset((PilotState.IDLE, PilotState.STARTING, PilotState.PENDING))
 
 
@@ -150,14 +149,9 @@ def _existing_bins(
             free = (p.free_cpus, p.free_memory_mb, p.free_gpus)
         else:
             continue
-        end = p.walltime_end
-        if end is not None and p.state is not PilotState.PENDING:
-            if end - site.pilot.shutdown_margin_s <= now:  # `_deadline`, inlined
-                continue
-        else:
-            end = _deadline(p, site, now)
-            if end is None:
-                continue  # within the shutdown margin: not capacity any more
+        end = _deadline(p, site, now)
+        if end is None:
+            continue  # within the shutdown margin: not capacity any more
         raw[(p.site, tier)][free].append((end, p))
     out: dict[str, list[CapacityIndex]] = defaultdict(list)
     for (site_name, _tier), by_free in sorted(raw.items()):
@@ -211,12 +205,13 @@ def reserve_size(matchable_arrivals: int, window_s: float, config: Config,
     r = config.policy.reserve
     if not r.enabled or window_s <= 0 or matchable_arrivals <= 0 or r.max_jobs <= 0:
         return 0
-    scale = r.lead_s / window_s
-    a = matchable_arrivals * scale
-    d = a if departures is None else min(a, max(0, departures) * scale)
+    arrived = matchable_arrivals
+    left = arrived if departures is None else min(arrived, max(0.0, departures))
+    scale = r.lead_s / window_s  # window counts -> one lead time
+    a, d = arrived * scale, left * scale
     # growth counts only beyond its own sampling noise (one standard deviation of the
     # difference of two Poisson counts over the window): a steady queue adds nothing
-    noise = math.sqrt(matchable_arrivals + d / scale) * scale if departures is not None else 0
+    noise = math.sqrt(arrived + left) * scale
     want = max(0.0, a - d - noise) + r.factor * math.sqrt(a + d)
     return max(0, min(r.max_jobs, math.ceil(want - 1e-9)))
 

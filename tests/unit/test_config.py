@@ -17,6 +17,14 @@ def write(tmp_path: Path, text: str) -> Path:
     return p
 
 
+def rejected(tmp_path: Path, old: str, new: str) -> tuple[Path, str]:
+    """Load the sample with `old` replaced by `new` (once); return the file and the error."""
+    p = write(tmp_path, SAMPLE.read_text().replace(old, new, 1))
+    with pytest.raises(ConfigError) as err:
+        load_config(p)
+    return p, str(err.value)
+
+
 def test_sample_loads_with_all_fields() -> None:
     c = load_config(SAMPLE)
     assert c.site_names == ("gsi", "frankfurt")
@@ -42,31 +50,20 @@ def test_malformed_yaml_names_file_and_line(tmp_path: Path) -> None:
 
 
 def test_unknown_backend_lists_known(tmp_path: Path) -> None:
-    text = SAMPLE.read_text().replace(
-        "backend: slurm-cli\n    slurm_conf: /etc/slurm-frankfurt",
-        "backend: pyslurm\n    slurm_conf: /etc/slurm-frankfurt")
-    p = write(tmp_path, text)
-    with pytest.raises(ConfigError) as err:
-        load_config(p)
-    msg = str(err.value)
+    p, msg = rejected(tmp_path, "backend: slurm-cli\n    slurm_conf: /etc/slurm-frankfurt",
+                      "backend: pyslurm\n    slurm_conf: /etc/slurm-frankfurt")
     assert str(p) in msg and "sites[1].backend" in msg
     assert "pyslurm" in msg and "slurm-cli" in msg
 
 
 def test_walltime_over_partition_limit_names_both(tmp_path: Path) -> None:
-    p = write(tmp_path, SAMPLE.read_text().replace("max_walltime_s: 86400", "max_walltime_s: 1800"))
-    with pytest.raises(ConfigError) as err:
-        load_config(p)
-    msg = str(err.value)
+    p, msg = rejected(tmp_path, "max_walltime_s: 86400", "max_walltime_s: 1800")
     assert str(p) in msg and "sites[0].pilot.walltime_s" in msg
     assert "3600" in msg and "1800" in msg
 
 
 def test_duplicate_site_names(tmp_path: Path) -> None:
-    p = write(tmp_path, SAMPLE.read_text().replace("name: frankfurt", "name: gsi"))
-    with pytest.raises(ConfigError) as err:
-        load_config(p)
-    msg = str(err.value)
+    p, msg = rejected(tmp_path, "name: frankfurt", "name: gsi")
     assert str(p) in msg and "sites[1].name" in msg and "'gsi'" in msg
 
 
@@ -82,10 +79,7 @@ def test_duplicate_site_names(tmp_path: Path) -> None:
 )
 def test_bad_field_named_with_value(tmp_path: Path, old: str, new: str, field: str,
                                     value: str) -> None:
-    p = write(tmp_path, SAMPLE.read_text().replace(old, new, 1))
-    with pytest.raises(ConfigError) as err:
-        load_config(p)
-    msg = str(err.value)
+    p, msg = rejected(tmp_path, old, new)
     assert str(p) in msg and field in msg and value in msg
 
 
@@ -97,7 +91,5 @@ def test_missing_file_and_empty_file(tmp_path: Path) -> None:
 
 
 def test_missing_required_field(tmp_path: Path) -> None:
-    p = write(tmp_path, SAMPLE.read_text().replace("    template: gsi.sh.j2\n", ""))
-    with pytest.raises(ConfigError) as err:
-        load_config(p)
-    assert "sites[0].template" in str(err.value) and "required" in str(err.value)
+    _p, msg = rejected(tmp_path, "    template: gsi.sh.j2\n", "")
+    assert "sites[0].template" in msg and "required" in msg
