@@ -1,23 +1,42 @@
 # Health checks of the testbed's components (sourced inside the namespace).
 # Each check_* returns 0 when the component answers; a failing check prints why.
+# Every check runs on the host a user of that component would run it from.
 # shellcheck shell=bash
 export PATH=/opt/venv/bin:/usr/sbin:/usr/bin:/sbin:/bin
-COMPONENTS="munge slurm-gsi slurm-frankfurt condor-collector condor-negotiator condor-schedd tokens xrootd-origin xrootd-cache apptainer"
+COMPONENTS="network munge slurm-gsi slurm-frankfurt ssh-gsi ssh-frankfurt condor-collector condor-negotiator condor-schedd tokens xrootd-origin xrootd-cache apptainer"
+ON=/src/deploy/testbed/inside/on
+on() { "$ON" "$@"; }
+
+check_network() {  # every host has its namespace and reaches the central manager's address
+    local h
+    for h in $(grep -v '^#' /src/deploy/testbed/etc/hosts.tsv | awk 'NF {print $1}'); do
+        [ -e "/run/netns/$h" ] || { echo "no namespace for $h"; return 1; }
+    done
+}
 
 check_munge() { munge -n 2>&1 | unmunge >/dev/null 2>&1; }
 
-check_slurm() {  # cluster: controller answers and every node is usable
+check_slurm() {  # cluster login: controller answers on the login node, every node usable
     local out
-    out=$(SLURM_CONF=/etc/slurm-$1/slurm.conf timeout 10 sinfo -h -N -o '%N %t' 2>&1) || { echo "$out"; return 1; }
+    out=$(SLURM_CONF=/etc/slurm-$1/slurm.conf timeout 10 "$ON" "$2" -- sinfo -h -N -o '%N %t' 2>&1) || { echo "$out"; return 1; }
     [ -n "$out" ] || { echo "no nodes"; return 1; }
     if echo "$out" | grep -vqE ' (idle|mix|alloc|comp|plnd)$'; then echo "$out" | tr '\n' ' '; return 1; fi
 }
-check_slurm-gsi() { check_slurm gsi; }
-check_slurm-frankfurt() { check_slurm frankfurt; }
+check_slurm-gsi() { check_slurm gsi gsi-login; }
+check_slurm-frankfurt() { check_slurm frankfurt fra-login; }
+
+check_ssh() {  # login host: the provisioner reaches the pilot account with strict host keys
+    timeout 15 "$ON" cm -u provisioner -- ssh -F none -o BatchMode=yes \
+        -o IdentitiesOnly=yes -i /etc/provisioner/ssh/id_ed25519 -o StrictHostKeyChecking=yes \
+        -o UserKnownHostsFile=/etc/provisioner/ssh/known_hosts -o ConnectTimeout=5 \
+        "pilot@$1" true 2>&1
+}
+check_ssh-gsi() { check_ssh gsi-login; }
+check_ssh-frankfurt() { check_ssh fra-login; }
 
 check_daemon_ad() {  # condor_status flag
     local out
-    out=$(timeout 10 condor_status "$1" -af Name 2>&1) && [ -n "$out" ] || { echo "${out:-no ad}"; return 1; }
+    out=$(timeout 10 "$ON" cm -- condor_status "$1" -af Name 2>&1) && [ -n "$out" ] || { echo "${out:-no ad}"; return 1; }
 }
 check_condor-collector() { check_daemon_ad -collector; }
 check_condor-negotiator() { check_daemon_ad -negotiator; }
@@ -25,14 +44,14 @@ check_condor-schedd() { check_daemon_ad -schedd; }
 
 check_tokens() { [ -s /etc/provisioner/tokens.d/provisioner ] && [ -s /etc/provisioner/pilot.token ] && [ -s /etc/condor/tokens.d/condor ]; }
 
-check_xrootd() {  # port
-    timeout 10 xrdfs "root://127.0.0.1:$1" query config version >/dev/null 2>&1
+check_xrootd() {  # from-host url
+    timeout 10 "$ON" "$1" -- xrdfs "$2" query config version >/dev/null 2>&1
 }
-check_xrootd-origin() { check_xrootd 1094; }
-check_xrootd-cache() { check_xrootd 1095; }
+check_xrootd-origin() { check_xrootd gsi-n1 root://gsi-storage:1094; }
+check_xrootd-cache() { check_xrootd fra-n1 root://fra-cache:1094; }
 
 check_apptainer() {
     [ -e /var/log/testbed/post-start.failed ] && { echo "post-start failed: see init.log"; return 2; }
     [ -e /var/log/testbed/post-start.done ] || { echo "pilot image not built yet"; return 1; }
-    runuser -u pilot -- apptainer -s exec /opt/images/pilot.sif true
+    on gsi-n1 -u pilot -- apptainer -s exec /opt/images/pilot.sif true
 }

@@ -4,7 +4,12 @@ set -euo pipefail
 etc=/src/deploy/testbed/etc
 repo=/src
 
-echo "127.0.0.1 localhost testbed" >/etc/hosts
+# Every host's name and address (etc/hosts.tsv), the same file on every host.
+{
+    echo "127.0.0.1 localhost"
+    echo "10.10.0.1 testbed"  # the router (this namespace)
+    grep -v '^#' "$etc/hosts.tsv" | awk 'NF {print $2, $1}'
+} >/etc/hosts
 
 # munge: one key shared by both clusters.
 install -d -o munge -g munge -m 0700 /etc/munge /var/lib/munge /var/log/munge
@@ -32,11 +37,40 @@ install -m 0644 "$etc/condor-testbed.conf" /etc/condor/config.d/90-testbed.conf
 install -d -m 0700 /etc/condor/passwords.d /etc/condor/tokens.d
 install -d -m 1777 /run/lock
 install -d -o condor -g condor /run/lock/condor /run/condor
-install -d -m 0755 /etc/provisioner /var/log/provisioner /var/log/pilots
+install -d -m 0755 /etc/provisioner /var/log/pilots
 install -m 0644 "$repo/condor_config/pilot.conf" /etc/provisioner/pilot.conf
 chown pilot: /var/log/pilots
 
-# XRootD origin ("GSI storage") and cache ("Frankfurt cache node").
+# The provisioner service's own unprivileged account on the central manager.
+id provisioner >/dev/null 2>&1 || useradd -r -m -d /var/lib/provisioner -s /bin/bash provisioner
+install -d -o provisioner -g provisioner -m 0750 /var/log/provisioner
+install -d -o provisioner -g provisioner -m 0700 /run/provisioner
+
+# SSH: each site's login node runs its own sshd with its own host key; the
+# provisioner's key may log in as the site's pilot account, nothing else
+# (`restrict`: no pty, no forwarding). known_hosts is written here, from the
+# real host keys, so the client checks them strictly.
+install -d -m 0755 /run/sshd /etc/ssh/testbed /etc/ssh/testbed/authorized_keys
+install -d -o provisioner -g provisioner -m 0700 /etc/provisioner/ssh
+rm -f /etc/provisioner/ssh/id_ed25519 /etc/provisioner/ssh/id_ed25519.pub
+runuser -u provisioner -- ssh-keygen -q -t ed25519 -N "" -C provisioner@cm \
+    -f /etc/provisioner/ssh/id_ed25519
+: >/etc/provisioner/ssh/known_hosts
+for login in $(grep -v '^#' "$etc/hosts.tsv" | awk '$4 == "login" {print $1}'); do
+    rm -f "/etc/ssh/testbed/$login"_ed25519*
+    ssh-keygen -q -t ed25519 -N "" -C "$login" -f "/etc/ssh/testbed/${login}_ed25519"
+    echo "$login $(cut -d' ' -f1,2 "/etc/ssh/testbed/${login}_ed25519.pub")" \
+        >>/etc/provisioner/ssh/known_hosts
+done
+chmod 0644 /etc/provisioner/ssh/known_hosts
+echo "restrict $(cat /etc/provisioner/ssh/id_ed25519.pub)" >/etc/ssh/testbed/authorized_keys/pilot
+chmod 0644 /etc/ssh/testbed/authorized_keys/pilot
+install -m 0644 "$etc/sshd.conf" /etc/ssh/testbed/sshd_config
+# Key-only logins: "*" (no password) instead of useradd's "!" (locked), which
+# sshd refuses without PAM.
+usermod -p '*' pilot
+
+# XRootD origin (on gsi-storage) and cache (on fra-cache).
 install -m 0644 "$etc/xrootd-origin.cfg" /etc/xrootd/origin.cfg
 install -m 0644 "$etc/xrootd-cache.cfg" /etc/xrootd/cache.cfg
 install -d -o xrootd -g xrootd /srv/origin/data /srv/xcache /var/log/xrootd /var/spool/xrootd /run/xrootd

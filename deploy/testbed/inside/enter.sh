@@ -44,10 +44,6 @@ rmdir /.oldroot
 
 hostname testbed
 ip link set lo up
-# Daemons that bind with AI_ADDRCONFIG (slurmctld, slurmd) need one
-# non-loopback address; a veth pair kept inside the namespace provides it.
-ip link add tb0 type veth peer name tb1
-ip addr add 10.254.0.1/30 dev tb0
-ip link set tb0 up
-ip link set tb1 up
+# This namespace is the "WAN" router between the hosts' namespaces
+# (inside/network.sh, started by init.sh).
 exec /bin/bash /src/deploy/testbed/inside/init.sh

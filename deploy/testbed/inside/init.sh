@@ -14,6 +14,7 @@ stop_all() {
     pkill -TERM -x xrootd
     pkill -TERM -x slurmd
     pkill -TERM -x slurmctld
+    pkill -TERM -x sshd
     for _ in $(seq 100); do
         pgrep -x 'condor_master|slurmd|slurmctld|xrootd' >/dev/null || break
         sleep 0.1
@@ -25,24 +26,36 @@ trap stop_all TERM INT
 
 /bin/bash "$here/inside/configure.sh" || { echo "configure failed"; exit 1; }
 
+echo "starting the network"
+/bin/bash "$here/inside/network.sh" || { echo "network set-up failed"; exit 1; }
+on() { "$here/inside/on" "$@"; }
+
 echo "starting munge"
 runuser -u munge -- /usr/sbin/munged
 
 echo "starting SLURM"
 for c in $CLUSTERS; do
-    slurmctld -f "/etc/slurm-$c/slurm.conf"
-    for n in $(awk '/^NodeName=/ {sub("NodeName=", "", $1); print $1}' "/etc/slurm-$c/slurm.conf"); do
-        slurmd -f "/etc/slurm-$c/slurm.conf" -N "$n"
+    conf=/etc/slurm-$c/slurm.conf
+    ctl=$(awk -F= '/^SlurmctldHost=/ {print $2}' "$conf")
+    on "$ctl" -- slurmctld -f "$conf"
+    for n in $(awk '/^NodeName=/ {sub("NodeName=", "", $1); print $1}' "$conf"); do
+        on "$n" -- slurmd -f "$conf" -N "$n"
     done
 done
 
-echo "starting HTCondor"
-condor_master
-
-echo "starting XRootD"
-for role in origin cache; do
-    runuser -u xrootd -- xrootd -b -n "$role" -c "/etc/xrootd/$role.cfg" -l "/var/log/xrootd/$role.log"
+echo "starting sshd on the login nodes"
+for login in $(grep -v '^#' "$here/etc/hosts.tsv" | awk '$4 == "login" {print $1}'); do
+    on "$login" -- /usr/sbin/sshd -f /etc/ssh/testbed/sshd_config \
+        -o "HostKey=/etc/ssh/testbed/${login}_ed25519" -o "PidFile=/run/sshd-$login.pid" \
+        -E "/var/log/testbed/sshd-$login.log"
 done
+
+echo "starting HTCondor on cm"
+on cm -- condor_master
+
+echo "starting XRootD: origin on gsi-storage, cache on fra-cache"
+on gsi-storage -u xrootd -- xrootd -b -n origin -c /etc/xrootd/origin.cfg -l /var/log/xrootd/origin.log
+on fra-cache -u xrootd -- xrootd -b -n cache -c /etc/xrootd/cache.cfg -l /var/log/xrootd/cache.log
 
 echo "all started"
 # Post-start set-up that needs running daemons (tokens, pilot image).

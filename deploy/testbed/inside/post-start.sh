@@ -20,10 +20,10 @@ token() {  # identity, file, owner, [authz...]
 }
 # The pool's own daemons, when they call out to pilot startds (claims via CCB).
 token condor@testbed /etc/condor/tokens.d/condor root
-# The provisioner service (runs as root in the testbed): it only reads the pool
-# (releases go through SLURM).
-install -d -m 0700 /etc/provisioner/tokens.d
-token provisioner@testbed /etc/provisioner/tokens.d/provisioner root READ
+# The provisioner service (its own unprivileged account): it only reads the
+# pool (releases go through SLURM).
+install -d -o provisioner -g provisioner -m 0700 /etc/provisioner/tokens.d
+token provisioner@testbed /etc/provisioner/tokens.d/provisioner provisioner READ
 # Pilots: advertise masters/startds and act as execute nodes, nothing else.
 token pilot@testbed /etc/provisioner/pilot.token pilot \
     READ ADVERTISE_MASTER ADVERTISE_STARTD DAEMON

@@ -1,0 +1,28 @@
+#!/bin/bash
+# The testbed's network: one namespace per host (etc/hosts.tsv), one bridge per
+# site (etc/networks.tsv), this namespace routing between them as the "WAN".
+# Runs once in the testbed's own namespace, before any daemon starts.
+set -euo pipefail
+etc=/src/deploy/testbed/etc
+rows() { grep -v '^#' "$1" | grep -v '^[[:space:]]*$'; }
+
+sysctl -qw net.ipv4.ip_forward=1
+while read -r site bridge prefix gateway; do
+    ip link add "$bridge" type bridge
+    ip addr add "$gateway/${prefix#*/}" dev "$bridge"
+    ip link set "$bridge" up
+done < <(rows "$etc/networks.tsv")
+
+while read -r host addr site _; do
+    read -r bridge prefix gateway < <(rows "$etc/networks.tsv" | awk -v s="$site" '$1 == s {print $2, $3, $4}')
+    ip netns add "$host"
+    ip link add "v-$host" type veth peer name eth0 netns "$host"
+    ip link set "v-$host" master "$bridge" up
+    ip -n "$host" link set lo up
+    ip -n "$host" addr add "$addr/${prefix#*/}" dev eth0
+    ip -n "$host" link set eth0 up
+    ip -n "$host" route add default via "$gateway"
+done < <(rows "$etc/hosts.tsv")
+
+/bin/bash /src/deploy/testbed/inside/firewall.sh
+/bin/bash /src/deploy/testbed/inside/wan.sh "${TESTBED_WAN_RATE:-200mbit}"
