@@ -13,16 +13,41 @@ from pathlib import Path
 
 import pytest
 
+from provisioner.config import Config, load_config
+
 # The tests' own reads through the bindings use the provisioner's read-only
 # token, as the service does. (Root on the central manager could otherwise mint
 # itself a token from the pool's signing key, "condor@password", which the pool
-# rightly does not authorise.)
+# rightly does not authorise.) HTCondor reads a token only from a file its
+# reader owns: root's copy is in root's own token directory.
+ROOT_TOKEN_DIR = "/root/.condor/tokens.d"
 os.environ.setdefault("_CONDOR_SEC_CLIENT_AUTHENTICATION_METHODS", "IDTOKENS")
-os.environ.setdefault("_CONDOR_SEC_TOKEN_DIRECTORY", "/etc/provisioner/tokens.d")
+os.environ.setdefault("_CONDOR_SEC_TOKEN_DIRECTORY", ROOT_TOKEN_DIR)
 
 TESTBED_MARK = Path("/etc/testbed-rootfs-key")
 REPO = Path("/src")
 SITES = ("gsi", "frankfurt")
+#: The service's configuration in the testbed (the service runs as "provisioner").
+CONFIG = "/src/deploy/testbed/provisioner.yaml"
+ON = "/src/deploy/testbed/inside/on"
+
+
+def _hosts() -> dict[str, tuple[str, str, str]]:
+    """name -> (address, site, role) from the testbed's host table."""
+    out = {}
+    for line in (REPO / "deploy/testbed/etc/hosts.tsv").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, addr, site, role = line.split(None, 3)
+            out[name] = (addr, site, role)
+    return out
+
+
+#: The testbed's hosts; the tests themselves run on "cm" (the submit host).
+HOSTS = _hosts()
+LOGIN = {site: next(h for h, (_, s, role) in HOSTS.items() if s == site and
+                    role.startswith("login")) for site in SITES}
+WORKERS = {site: [h for h, (_, s, role) in HOSTS.items() if s == site and
+                  role.startswith("worker")] for site in SITES}
 
 
 def run(
@@ -32,8 +57,10 @@ def run(
     check: bool = True,
     timeout: float = 120,
     cwd: str | None = None,
+    host: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run argv (as `user` when given) and return the completed process."""
+    """Run argv (as `user` when given; on testbed `host` when given, else here on
+    cm) and return the completed process."""
     full_env = {"PATH": "/opt/venv/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
     if user:
         full_env["HOME"] = f"/home/{user}"
@@ -42,6 +69,8 @@ def run(
         argv = ["runuser", "-u", user, "--", "env", *pairs, *argv]
     else:
         full_env.update(env or {})
+    if host:
+        argv = [ON, host, "--", *argv]
     proc = subprocess.run(list(argv), env=full_env, capture_output=True, text=True,
                           timeout=timeout, cwd=cwd)
     if check and proc.returncode != 0:
@@ -50,8 +79,24 @@ def run(
     return proc
 
 
+def service_config(path: str = CONFIG) -> Config:
+    """The testbed's configuration for a provisioner run by the tests as root:
+    the same, with root's copy of the provisioner token."""
+    config = load_config(path)
+    pool = config.pool.model_copy(update={"token_file": f"{ROOT_TOKEN_DIR}/provisioner"})
+    return config.model_copy(update={"pool": pool})
+
+
 def slurm_env(site: str) -> dict[str, str]:
     return {"SLURM_CONF": f"/etc/slurm-{site}/slurm.conf"}
+
+
+def slurm(site: str, argv: Sequence[str], user: str | None = None, check: bool = True,
+          timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """A SLURM command on the site's login node (the only host that reaches its
+    controller, besides the site's own nodes)."""
+    return run(argv, user=user, env=slurm_env(site), check=check, timeout=timeout,
+               host=LOGIN[site])
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_loop import CONFIG, clean_pool, jobs_left, submit, wait_for
+from conftest import CONFIG, service_config
+from test_loop import clean_pool, jobs_left, submit, wait_for
 
 from provisioner.config import parse_config
 from provisioner.model import PilotState
@@ -86,7 +87,7 @@ def test_check_config_names_file_field_and_value(tmp_path: Path) -> None:
 
 def test_pilot_states_are_read_from_real_daemons(one_idle_job: str) -> None:
     """A submitted pilot is seen PENDING or STARTING, then IDLE/BUSY, never lost."""
-    prov = Provisioner(parse_config(Path(CONFIG).read_text(), CONFIG))
+    prov = Provisioner(service_config())
     prov.run_cycle("test")
     seen: set[PilotState] = set()
 

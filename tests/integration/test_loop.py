@@ -19,13 +19,11 @@ from pathlib import Path
 
 import htcondor2 as htcondor
 import pytest
-from conftest import SITES, run, slurm_env
+from conftest import CONFIG, SITES, run, slurm, service_config
 
-from provisioner.config import load_config
 from provisioner.model import Flag, PilotState, Release, Submit, Unflag
 from provisioner.service import CycleResult, Provisioner
 
-CONFIG = "/src/deploy/testbed/provisioner.yaml"
 ALICE = Path("/home/alice")
 
 
@@ -41,7 +39,7 @@ def wait_for(what: str, predicate: Callable[[], object], timeout: float, step: f
 
 
 def squeue_ids(site: str) -> list[str]:
-    out = run(["squeue", "-h", "-u", "pilot", "-o", "%i"], env=slurm_env(site)).stdout
+    out = slurm(site, ["squeue", "-h", "-u", "pilot", "-o", "%i"]).stdout
     return out.split()
 
 
@@ -60,13 +58,12 @@ def clean_pool() -> None:
     the wrapper) so their startds withdraw their ads; a hard scancel is the fallback."""
     run(["condor_rm", "-all"], check=False)
     for site in SITES:
-        run(["scancel", "-u", "pilot", "--batch", "--signal=TERM"], env=slurm_env(site),
-            check=False)
+        slurm(site, ["scancel", "-u", "pilot", "--batch", "--signal=TERM"], check=False)
     try:
         wait_for("pilot jobs to stop", lambda: not any(all_pilot_jobs().values()), 60)
     except AssertionError:
         for site in SITES:
-            run(["scancel", "-u", "pilot"], env=slurm_env(site), check=False)
+            slurm(site, ["scancel", "-u", "pilot"], check=False)
         wait_for("no pilot jobs left", lambda: not any(all_pilot_jobs().values()), 30)
     wait_for("no pilot startds left", lambda: not pilot_startds(), 30)
 
@@ -164,7 +161,7 @@ def cycle(prov: Provisioner) -> CycleResult:
 
 
 def test_flagged_pilot_is_unflagged_by_new_work_and_runs_it(clean: None) -> None:
-    prov = Provisioner(load_config(CONFIG))
+    prov = Provisioner(service_config())
     cluster = submit("first", 1, 1)
     first = cycle(prov)
     submits = [a for a in first.plan.actions if isinstance(a, Submit)]
@@ -197,7 +194,7 @@ def test_flagged_pilot_is_unflagged_by_new_work_and_runs_it(clean: None) -> None
 
 def test_release_of_a_busy_pilot_is_refused_by_the_pilot(clean: None) -> None:
     """Even a wrong release (pilot busy) never kills the job: the startd refuses."""
-    prov = Provisioner(load_config(CONFIG))
+    prov = Provisioner(service_config())
     cluster = submit("busy", 1, 25)
     cycle(prov)
     wait_for("the job running", lambda: htcondor.Schedd().query(
@@ -223,7 +220,7 @@ def test_release_of_a_busy_pilot_is_refused_by_the_pilot(clean: None) -> None:
 def test_payload_does_not_see_the_pilot_accounts_home(clean: None) -> None:
     """Sites keep the pilot token in the pilot account's home: jobs must not see it."""
     Path("/home/pilot/secret-marker").write_text("x")
-    prov = Provisioner(load_config(CONFIG))
+    prov = Provisioner(service_config())
     cluster = submit_script("peek", "ls /home/pilot/secret-marker 2>/dev/null || echo hidden\n")
     prov.run_cycle("test")
     wait_for("the job done", lambda: jobs_left(cluster) == 0, 120)
@@ -233,7 +230,7 @@ def test_payload_does_not_see_the_pilot_accounts_home(clean: None) -> None:
 def test_payload_cannot_read_the_pilot_token(clean: None) -> None:
     """Jobs run as the pilot account; the job wrapper hides the pilot's token,
     and the hiding cannot be undone from inside the job."""
-    prov = Provisioner(load_config(CONFIG))
+    prov = Provisioner(service_config())
     cluster = submit_script("steal", (
         'pilot="$_CONDOR_SCRATCH_DIR/../../.."\n'
         'test -f "$pilot/condor_config" && echo found-pilot-dir\n'

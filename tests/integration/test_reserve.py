@@ -10,10 +10,9 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import run
-from test_loop import CONFIG, clean, jobs_left, submit  # noqa: F401 (clean: fixture)
+from conftest import run, service_config
+from test_loop import clean, jobs_left, submit  # noqa: F401 (clean: fixture)
 
-from provisioner.config import load_config
 from provisioner.plan import plan, reserve_size
 from provisioner.service import Provisioner
 
@@ -22,7 +21,7 @@ WINDOW = 600.0
 
 @pytest.mark.usefixtures("clean")
 def test_departures_follow_the_real_queue() -> None:
-    base = load_config(CONFIG)
+    base = service_config()
     reserve = base.policy.reserve.model_copy(
         update={"enabled": True, "window_s": WINDOW, "factor": 2.0})
     config = base.model_copy(

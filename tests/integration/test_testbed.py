@@ -11,13 +11,13 @@ from pathlib import Path
 
 import htcondor2 as htcondor
 import pytest
-from conftest import SITES, run, slurm_env
+from conftest import SITES, WORKERS, run, slurm
 
 PILOT_TOKEN = Path("/etc/provisioner/pilot.token")
 
 
 def test_pool_daemons_answer() -> None:
-    collector = htcondor.Collector("127.0.0.1:9618")
+    collector = htcondor.Collector()
     for daemon in (htcondor.DaemonType.Collector, htcondor.DaemonType.Negotiator,
                    htcondor.DaemonType.Schedd):
         ads = collector.locateAll(daemon)
@@ -79,7 +79,7 @@ def _advertise(user: str, env: dict[str, str], name: str) -> tuple[int, str]:
 
 
 def _startd_names() -> set[str]:
-    ads = htcondor.Collector("127.0.0.1:9618").query(
+    ads = htcondor.Collector().query(
         htcondor.AdType.Startd, constraint="TestbedProbe =?= True", projection=["Name"])
     return {ad["Name"] for ad in ads}
 
@@ -106,21 +106,22 @@ def test_alice_cannot_advertise_but_pilot_token_can() -> None:
 
 @pytest.mark.parametrize("site", SITES)
 def test_sbatch_as_pilot_runs_on_every_node(site: str) -> None:
-    nodes = run(["sinfo", "-h", "-N", "-o", "%N"], env=slurm_env(site)).stdout.split()
+    nodes = slurm(site, ["sinfo", "-h", "-N", "-o", "%N"]).stdout.split()
     assert len(nodes) >= 2
     outdir = Path(tempfile.mkdtemp(prefix=f"sbatch-{site}.", dir="/home/pilot"))
     os.chown(outdir, 2002, 2002)
     for node in nodes:
-        run(["sbatch", "--wait", "--parsable", f"--nodelist={node}", "--time=2",
-             f"--output={outdir}/{node}.out", "--wrap", "echo $SLURMD_NODENAME $(id -un)"],
-            user="pilot", env=slurm_env(site), timeout=120)
+        slurm(site, ["sbatch", "--wait", "--parsable", f"--nodelist={node}", "--time=2",
+                     f"--output={outdir}/{node}.out", "--wrap",
+                     "echo $SLURMD_NODENAME $(hostname) $(id -un)"], user="pilot")
     for node in nodes:
-        assert (outdir / f"{node}.out").read_text().split() == [node, "pilot"]
+        # Each node is a host of its own: its SLURM name is its host name.
+        assert (outdir / f"{node}.out").read_text().split() == [node, node, "pilot"]
 
 
 def test_apptainer_runs_as_pilot() -> None:
     out = run(["apptainer", "-s", "exec", "/opt/images/pilot.sif", "sh", "-c",
-               "id -un; condor_version"], user="pilot").stdout
+               "id -un; condor_version"], user="pilot", host=WORKERS["gsi"][0]).stdout
     assert out.splitlines()[0] == "pilot"
     assert "$CondorVersion:" in out
 
@@ -149,10 +150,11 @@ def test_xcache_read_returns_right_bytes_and_caches(tmp_path: Path) -> None:
     origin_file = Path("/srv/origin/data") / name
     origin_file.write_bytes(os.urandom(8 << 20))
     expected = _sha256(origin_file)
-    url = f"root://127.0.0.1:1095//root://127.0.0.1:1094//data/{name}"
+    url = f"root://fra-cache:1094//root://gsi-storage:1094//data/{name}"
+    worker = WORKERS["frankfurt"][0]
     cached = Path("/srv/xcache/data") / name
     try:
-        run(["xrdcp", "-f", "-s", url, str(tmp_path / "first")])
+        run(["xrdcp", "-f", "-s", url, str(tmp_path / "first")], host=worker)
         assert _sha256(tmp_path / "first") == expected
         assert _origin_opens(name) == 1
         # The cache writes its copy asynchronously.
@@ -161,7 +163,7 @@ def test_xcache_read_returns_right_bytes_and_caches(tmp_path: Path) -> None:
             time.sleep(0.5)
         assert cached.exists() and _sha256(cached) == expected
         # Second read: served from the cache, the origin does not open the file again.
-        run(["xrdcp", "-f", "-s", url, str(tmp_path / "second")])
+        run(["xrdcp", "-f", "-s", url, str(tmp_path / "second")], host=worker)
         assert _sha256(tmp_path / "second") == expected
         assert _origin_opens(name) == 1
         deadline = time.time() + 20
@@ -172,8 +174,8 @@ def test_xcache_read_returns_right_bytes_and_caches(tmp_path: Path) -> None:
         assert "N_acc_total=2" in stats, stats
         # And a file of the published set reads back with its published checksum.
         published = sorted(sums)[0]
-        run(["xrdcp", "-f", "-s", f"root://127.0.0.1:1095//root://127.0.0.1:1094//data/{published}",
-             str(tmp_path / "published")])
+        run(["xrdcp", "-f", "-s", f"root://fra-cache:1094//root://gsi-storage:1094//data/{published}",
+             str(tmp_path / "published")], host=worker)
         assert _sha256(tmp_path / "published") == sums[published]
     finally:
         origin_file.unlink(missing_ok=True)

@@ -42,7 +42,7 @@ check_condor-collector() { check_daemon_ad -collector; }
 check_condor-negotiator() { check_daemon_ad -negotiator; }
 check_condor-schedd() { check_daemon_ad -schedd; }
 
-check_tokens() { [ -s /etc/provisioner/tokens.d/provisioner ] && [ -s /etc/provisioner/pilot.token ] && [ -s /etc/condor/tokens.d/condor ]; }
+check_tokens() { [ -s /etc/provisioner/tokens.d/provisioner ] && [ -s /root/.condor/tokens.d/provisioner ] && [ -s /etc/provisioner/pilot.token ] && [ -s /etc/condor/tokens.d/condor ]; }
 
 check_xrootd() {  # from-host url
     timeout 10 "$ON" "$1" -- xrdfs "$2" query config version >/dev/null 2>&1

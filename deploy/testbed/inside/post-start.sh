@@ -24,6 +24,10 @@ token condor@testbed /etc/condor/tokens.d/condor root
 # pool (releases go through SLURM).
 install -d -o provisioner -g provisioner -m 0700 /etc/provisioner/tokens.d
 token provisioner@testbed /etc/provisioner/tokens.d/provisioner provisioner READ
+# The same identity for root on cm (tests, the demo, an admin's tools): HTCondor
+# reads a token only from a file its reader owns.
+install -d -m 0700 /root/.condor/tokens.d
+install -m 0400 /etc/provisioner/tokens.d/provisioner /root/.condor/tokens.d/provisioner
 # Pilots: advertise masters/startds and act as execute nodes, nothing else.
 token pilot@testbed /etc/provisioner/pilot.token pilot \
     READ ADVERTISE_MASTER ADVERTISE_STARTD DAEMON
