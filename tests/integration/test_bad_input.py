@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import CONFIG, service_config
+from conftest import CONFIG, run, service_config
 from test_loop import clean_pool, jobs_left, submit, wait_for
 
 from provisioner.config import parse_config
@@ -99,3 +99,22 @@ def test_pilot_states_are_read_from_real_daemons(one_idle_job: str) -> None:
     wait_for("a pilot up", up, 90, step=0.5)
     wait_for("the job done", lambda: jobs_left(one_idle_job) == 0, 90)
     assert seen & {PilotState.PENDING, PilotState.STARTING}
+
+
+@pytest.mark.parametrize(("line", "field"), [("request_cpus = 0", "request_cpus"),
+                                             ("request_memory = -1", "request_memory")])
+def test_jobs_asking_for_nothing_are_refused_at_submit(line: str, field: str) -> None:
+    """The central manager refuses them with a message naming the field; nothing queued."""
+    sub = Path("/home/alice/nothing.sub")
+    sub.write_text(f"executable = /bin/true\n{line}\nqueue\n")
+    subprocess.run(["chown", "alice:", str(sub)], check=True)
+    proc = run(["condor_submit", str(sub)], user="alice", cwd="/home/alice", check=False)
+    assert proc.returncode != 0, proc.stdout
+    assert f"{field} must be" in proc.stderr, proc.stderr
+    ok = Path("/home/alice/one.sub")
+    ok.write_text("executable = /bin/true\nrequest_cpus = 1\nrequest_memory = 100\nhold = true\n"
+                  "queue\n")
+    subprocess.run(["chown", "alice:", str(ok)], check=True)
+    # The rule refuses only what is wrong.
+    accepted = run(["condor_submit", "-terse", str(ok)], user="alice", cwd="/home/alice")
+    run(["condor_rm", accepted.stdout.split(".")[0]], check=False)
