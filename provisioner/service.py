@@ -18,6 +18,7 @@ from typing import Any
 
 from provisioner import plan as planner
 from provisioner.arrivals import QueueHistory, departures
+from provisioner.backoff import SiteBackoff
 from provisioner.cadence import CycleMark, Probe, cycle_due
 from provisioner.condor import PilotAd, Pool, PoolUnreachable
 from provisioner.config import Config
@@ -177,6 +178,8 @@ class Provisioner:
         self.last_mark: CycleMark | None = None
         self.cycles = 0
         self.history = QueueHistory(config.policy.reserve.window_s)
+        # A site that keeps failing is asked again after a growing delay.
+        self.backoff = SiteBackoff(base_s=min(config.policy.interval_s, 60.0), max_s=600.0)
 
     # --- observe ---------------------------------------------------------
     def observe(self) -> Observation:
@@ -203,11 +206,20 @@ class Provisioner:
                 left = departures(size_then, queue.older)
         views, pilots, jobs = [], [], {}
         for site in self.config.sites:
-            try:
-                site_jobs = list(self.backends[site.name].list_pilots())
-            except BackendError as exc:
-                log.error("site %s unknown this cycle: %s", site.name, exc)
-                views.append(SiteView(site.name, known=False, error=str(exc)))
+            error = ""
+            if not self.backoff.due(site.name, now):
+                error = (f"backed off after {self.backoff.failures[site.name]} failed reads; "
+                         f"next try in {self.backoff.retry_at[site.name] - now:.0f} s")
+            else:
+                try:
+                    site_jobs = list(self.backends[site.name].list_pilots())
+                except BackendError as exc:
+                    delay = self.backoff.failed(site.name, now)
+                    error = str(exc)
+                    log.error("site %s unknown this cycle (failed read %d, next try in %.0f s): "
+                              "%s", site.name, self.backoff.failures[site.name], delay, exc)
+            if error:
+                views.append(SiteView(site.name, known=False, error=error))
                 # Counted as last seen (pending and starting pilots included), so
                 # their demand is not provisioned again elsewhere; no action is
                 # taken at an unknown site.
@@ -217,6 +229,8 @@ class Provisioner:
                 else:
                     pilots.extend(ad_only_pilots(site.name, ads, now, running_on))
                 continue
+            if self.backoff.succeeded(site.name):
+                log.warning("site %s readable again", site.name)
             jobs[site.name] = site_jobs
             self.last_jobs[site.name] = site_jobs
             views.append(SiteView(site.name, known=True))

@@ -1,7 +1,8 @@
 """`make demo`: the whole story on the local mini-grid, in a few minutes.
 
-alice submits a mix of jobs with plain condor_submit (some read data through
-the XCache proxy by prefixing the path); the provisioner runs its loop with a
+alice submits a mix of jobs with plain condor_submit that read data from GSI's
+storage (at Frankfurt through the site's XCache, by prefixing the path with the
+$XCACHE the pilot provides); the provisioner runs its loop with a
 short interval, pilots start at both SLURM sites, their startds join through
 CCB from inside Apptainer, the jobs run, and once the queue is empty the pilots
 are flagged, then released. Ends when every job is done and no pilot is left;
@@ -27,15 +28,22 @@ from provisioner.sites.base import BackendError
 
 CONFIG = "/src/deploy/testbed/provisioner.yaml"
 WORK = Path("/home/alice/demo")
-SITES = {"gsi": "/etc/slurm-gsi/slurm.conf", "frankfurt": "/etc/slurm-frankfurt/slurm.conf"}
+#: site -> (login node, SLURM configuration there)
+SITES = {"gsi": ("gsi-login", "/etc/slurm-gsi/slurm.conf"),
+         "frankfurt": ("fra-login", "/etc/slurm-frankfurt/slurm.conf")}
+ON = "/src/deploy/testbed/inside/on"
+ROOT_TOKEN = "/root/.condor/tokens.d/provisioner"
 TIMEOUT_S = 600
-DATA_URL = "root://127.0.0.1:1095//root://127.0.0.1:1094//data/small.dat"
+DATA_URL = "root://gsi-storage:1094//data/small.dat"
 
 READER = """#!/bin/sh
-# Read the input through the site's XCache by prefixing the origin URL, then check it.
+# Read the input (through the site's XCache where the pilot names one), check it.
 set -e
-xrdcp -s -f "$1" input.dat
-echo "$(sha256sum input.dat | cut -d' ' -f1) read through XCache on $(hostname)"
+url=$1
+via="directly from the origin"
+if [ -n "${XCACHE:-}" ]; then url="$XCACHE//$1"; via="through XCache $XCACHE"; fi
+xrdcp -s -f "$url" input.dat
+echo "$(sha256sum input.dat | cut -d' ' -f1) read $via on $(hostname)"
 sleep "$2"
 """
 
@@ -65,9 +73,10 @@ def sh(argv: list[str], **kw: object) -> str:
 
 
 def pilot_jobs() -> dict[str, list[str]]:
-    return {site: sh(["squeue", "-h", "-u", "pilot", "-o", "%i"],
+    """Pilot jobs per site, from squeue on the site's login node."""
+    return {site: sh([ON, login, "--", "squeue", "-h", "-u", "pilot", "-o", "%i"],
                      env={"SLURM_CONF": conf, "PATH": "/usr/bin:/bin"}).split()
-            for site, conf in SITES.items()}
+            for site, (login, conf) in SITES.items()}
 
 
 def step(prov: Provisioner, t_submit: float, first_ad: float | None,
@@ -91,6 +100,10 @@ def step(prov: Provisioner, t_submit: float, first_ad: float | None,
 def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     config = load_config(CONFIG)
+    # The service's identity; root reads it from its own copy of the token
+    # (HTCondor reads a token only from a file its reader owns).
+    config = config.model_copy(update={"pool": config.pool.model_copy(
+        update={"token_file": ROOT_TOKEN})})
     prov = Provisioner(config)  # from here on, the bindings read as the provisioner
     if any(pilot_jobs().values()) or htcondor.Schedd().query(projection=["ClusterId"]):
         print("demo: the testbed is busy (jobs or pilots left from earlier); "
@@ -105,7 +118,7 @@ def main() -> int:
     expected = dict(reversed(line.split()) for line in
                     Path("/srv/origin/data/SHA256SUMS").read_text().splitlines())["small.dat"]
 
-    print("== alice submits 8 jobs (6 x 1 core, 2 x 2 cores) that read data through XCache")
+    print("== alice submits 8 jobs (6 x 1 core, 2 x 2 cores) that read data from GSI storage")
     t_submit = time.time()
     print(sh(["runuser", "-u", "alice", "--", "condor_submit", str(WORK / "demo.sub")],
              cwd=str(WORK)).strip().splitlines()[-1])
