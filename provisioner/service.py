@@ -178,6 +178,8 @@ class Provisioner:
         self.last_mark: CycleMark | None = None
         self.cycles = 0
         self.history = QueueHistory(config.policy.reserve.window_s)
+        self.ghosts: set[str] = set()  # startd ads without a SLURM job, already logged
+        self.busy_ends: dict[str, float | None] = {}  # busy pilots last cycle -> walltime end
         # A site that keeps failing is asked again after a growing delay.
         self.backoff = SiteBackoff(base_s=min(config.policy.interval_s, 60.0), max_s=600.0)
 
@@ -240,7 +242,34 @@ class Provisioner:
             flagged=dict(self.flagged), last_submit=dict(self.last_submit),
             idle_cycles=dict(self.idle_cycles), recent_arrivals=arrivals,
             arrival_window_s=window, recent_departures=left)
+        if pool_known:
+            self._report_disagreements(snapshot, ads, jobs, now)
         return Observation(snapshot, ads, jobs, running_on)
+
+    def _report_disagreements(self, snapshot: Snapshot, ads: Mapping[str, PilotAd],
+                              jobs: Mapping[str, list[SiteJob]], now: float) -> None:
+        """Log, once each, where SLURM and the collector disagree: a startd ad whose
+        SLURM job is gone (a ghost: never counted as capacity), and a pilot that
+        was running jobs and is gone from SLURM (at its walltime or lost)."""
+        live = {f"{site}/{j.job_id}" for site, site_jobs in jobs.items() for j in site_jobs}
+        ghosts = {key for key, ad in ads.items() if ad.site in jobs and key not in live}
+        for key in sorted(ghosts - self.ghosts):
+            log.warning("pilot %s: startd ad in the collector but no SLURM job (killed or "
+                        "node lost); not counted, the collector drops the ad", key)
+        self.ghosts = ghosts
+        for key, end in sorted(self.busy_ends.items()):
+            site = key.split("/", 1)[0]
+            if site not in jobs or key in live:
+                continue
+            margin = self.config.site(site).pilot.shutdown_margin_s
+            if end is not None and now >= end - margin:
+                log.warning("pilot %s reached its walltime with jobs running (jobs that state "
+                            "no +MaxRuntime can be cut off); HTCondor runs them again", key)
+            else:
+                log.warning("pilot %s left SLURM while running jobs (node lost or pilot "
+                            "killed); HTCondor runs them again after their job lease", key)
+        self.busy_ends = {p.key: p.walltime_end for p in snapshot.pilots
+                          if p.state is PilotState.BUSY and p.site in jobs}
 
     # --- act -------------------------------------------------------------
     def _submit(self, action: Submit) -> str:

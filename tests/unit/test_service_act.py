@@ -223,3 +223,46 @@ def test_young_starting_pilot_is_left_alone(world) -> None:  # type: ignore[no-u
                                     clock.t - 30, clock.t + 3600)]
     prov.run_cycle("test")
     assert backends["gsi"].calls == []
+
+
+def test_failing_site_is_backed_off_and_its_pilots_still_count(world, caplog) -> None:  # type: ignore[no-untyped-def]
+    prov, _, backends, clock = world
+    backends["gsi"].jobs = [running_job("7")]
+    prov.observe()
+    backends["gsi"].list_error = Unreachable("ssh: connect to host gsi-login: timed out")
+    views = {v.name: v for v in prov.observe().snapshot.sites}
+    assert not views["gsi"].known and "failed read 1, next try in 60 s" in caplog.text
+    clock.t += 30  # within the back-off: not asked, still unknown, pilot still counted
+    snap = prov.observe().snapshot
+    assert "backed off" in {v.name: v for v in snap.sites}["gsi"].error
+    assert [p.key for p in snap.pilots if p.site == "gsi"] == ["gsi/7"]
+    backends["gsi"].list_error = None
+    clock.t += 30
+    assert all(v.known for v in prov.observe().snapshot.sites)
+    assert "site gsi readable again" in caplog.text
+
+
+def test_ghost_ads_and_pilots_lost_while_busy_are_reported_once(world, caplog) -> None:  # type: ignore[no-untyped-def]
+    prov, pool, backends, clock = world
+    busy = PilotAd(site="gsi", job_id="7", name="pilot-gsi-7@node", walltime_end=20_000.0,
+                   cpus=4, memory_mb=8000, free_cpus=3, free_memory_mb=7000, claimed_slots=1,
+                   draining=False)
+    backends["gsi"].jobs = [running_job("7")]
+    pool.ads = {"gsi/7": busy}
+    assert [p.state for p in prov.observe().snapshot.pilots] == [PilotState.BUSY]
+    backends["gsi"].jobs = []  # killed: SLURM forgot it, the collector still has its ad
+    snap = prov.observe().snapshot
+    assert snap.pilots == ()  # a ghost is never capacity
+    assert caplog.text.count("gsi/7: startd ad in the collector but no SLURM job") == 1
+    assert "pilot gsi/7 left SLURM while running jobs" in caplog.text
+    prov.observe()
+    assert caplog.text.count("gsi/7: startd ad in the collector but no SLURM job") == 1
+    # A busy pilot gone at its walltime end is reported as such.
+    backends["gsi"].jobs = [running_job("8")]
+    pool.ads = {"gsi/8": busy.__class__(**{**busy.__dict__, "job_id": "8",
+                                           "name": "pilot-gsi-8@node"})}
+    prov.observe()
+    backends["gsi"].jobs, pool.ads = [], {}
+    clock.t = 19_950.0
+    prov.observe()
+    assert "pilot gsi/8 reached its walltime with jobs running" in caplog.text
