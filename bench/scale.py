@@ -98,7 +98,8 @@ def fake_pilots(per_site: int, job_name: str) -> list[str]:
                        'PartitionableSlot = true\nState = "Unclaimed"\nActivity = "Idle"\n'
                        'Cpus = 2\nMemory = 4000\nTotalSlotCpus = 4\nTotalSlotMemory = 8000\n'
                        f'PilotSite = "{site}"\nPilotSlurmJobId = "{job_id}"\n'
-                       f'PilotProvisionerId = "testbed"\nPilotWalltimeEnd = {int(time.time()) + 3600}\n'
+                       'PilotProvisionerId = "testbed"\n'
+                       f'PilotWalltimeEnd = {int(time.time()) + 3600}\n'
                        'ScaleBench = true\n')
         progress(f"{per_site} held pilot jobs at {site}")
     path = Path(token_dir) / "ads"

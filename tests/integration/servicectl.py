@@ -9,7 +9,6 @@ import re
 import signal
 import subprocess
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 

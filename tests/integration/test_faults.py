@@ -10,13 +10,16 @@ says what happened.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import LOGIN, SITES, run, slurm
 from servicectl import Service, SiteWatch, job_events, pilot_ads, pilot_ids, write_config
-from test_loop import ALICE, clean_pool, jobs_left, submit, wait_for
+from test_loop import ALICE, clean_pool, jobs_left, submit, submit_script, wait_for
 
 #: Caps of the testbed configuration (deploy/testbed/provisioner.yaml).
 CAPS = {"gsi": 1, "frankfurt": 2}
@@ -178,3 +181,81 @@ def test_login_node_unreachable_then_back(service: Service) -> None:
         assert_converged(service, watch)
     assert_completed("login-first", 2)
     assert_completed("login-second", 4)
+
+
+def _kill_pilot_processes(host: str) -> int:
+    """kill -9 every process of the pilot account on `host` (its network
+    namespace): wrappers, containers, startds, starters and payloads."""
+    want = os.stat(f"/run/netns/{host}")
+    killed = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ns = os.stat(entry / "ns" / "net")
+            owner = entry.stat().st_uid
+        except OSError:
+            continue
+        if (ns.st_dev, ns.st_ino) == (want.st_dev, want.st_ino) and owner == 2002:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed += 1
+    return killed
+
+
+def _running_on(cluster: str) -> list[str]:
+    """Startd names ("pilot-<site>-<job>@<host>") running the cluster's jobs."""
+    import htcondor2 as htcondor
+
+    ads = htcondor.Schedd().query(constraint=f"ClusterId == {cluster} && JobStatus == 2",
+                                  projection=["RemoteHost"])
+    return [ad["RemoteHost"].split("@", 1)[1] for ad in ads if "RemoteHost" in ad]
+
+
+def test_pilot_killed_under_a_running_job(service: Service) -> None:
+    cluster = submit("killed", 2, 45)
+    with SiteWatch() as watch:
+        service.start()
+        startd = wait_for("a job running", lambda: _running_on(cluster), 120)[0]  # type: ignore[index]
+        name, host = startd.split("@")
+        key = "/".join(name.removeprefix("pilot-").rsplit("-", 1))
+        assert _kill_pilot_processes(host) > 0
+        # SLURM and the collector disagree (ad without job); the service says so,
+        # the job goes back to idle (its lease) and is provisioned for again.
+        wait_for("the disagreement logged",
+                 lambda: f"pilot {key} left SLURM while running jobs" in service.text()
+                 or f"pilot {key}: startd ad in the collector but no SLURM job"
+                 in service.text(), 120)
+        wait_for("all jobs done", lambda: jobs_left(cluster) == 0, 360, step=2)
+        assert_converged(service, watch)
+    assert_completed("killed", 2, may_requeue=True)
+
+
+def _short_walltime(data: dict) -> None:
+    """gsi pilots live 4 minutes (SLURM warns 90 s before); Frankfurt takes none."""
+    for site in data["sites"]:
+        if site["name"] == "gsi":
+            site["pilot"].update(walltime_s=240, shutdown_margin_s=90)
+        else:
+            site["caps"].update(max_pilots=0, max_pending=0)
+
+
+def test_pilot_reaching_walltime_with_a_job_that_stated_no_runtime(tmp_path: Path) -> None:
+    clean_pool()
+    svc = Service(write_config(tmp_path, _short_walltime), tmp_path / "service.log")
+    # Its first run outlives the pilot; once started again, it finishes at once.
+    cluster = submit_script("walltime", (
+        'if grep -q "^NumJobStarts = 0" "$_CONDOR_JOB_AD"; then sleep 900; fi\n'
+        'echo job-$1-ok\n'))
+    try:
+        with SiteWatch() as watch:
+            svc.start()
+            wait_for("the job done on a second pilot", lambda: jobs_left(cluster) == 0, 600,
+                     step=3)
+            assert_converged(svc, watch)
+        assert "reached its walltime with jobs running" in svc.text(), svc.text()
+        assert len(watch.seen["gsi"]) >= 2
+    finally:
+        svc.stop()
+        clean_pool()
+    assert_completed("walltime", 1, may_requeue=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import htcondor2 as htcondor
 import pytest
-from conftest import CONFIG, SITES, run, slurm, service_config
+from conftest import CONFIG, SITES, run, service_config, slurm
 
 from provisioner.model import Flag, PilotState, Release, Submit, Unflag
 from provisioner.service import CycleResult, Provisioner

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import htcondor2 as htcondor
 import pytest
-from conftest import HOSTS, LOGIN, SITES, WORKERS, run, slurm, service_config
+from conftest import HOSTS, LOGIN, SITES, WORKERS, run, service_config, slurm
 
 from provisioner.pilot.script import render_pilot_script
 
@@ -50,7 +50,7 @@ def gsi_pilot() -> Iterator[htcondor.classad.ClassAd]:
     os.chown(script, 2002, 2002)
     job_id = slurm("gsi", ["sbatch", "--parsable", "--job-name=htcpilot-topology",
                            "--cpus-per-task=1", "--mem=1000M", "--time=15",
-                           f"--output=/var/log/pilots/topology-%j.out", str(script)],
+                           "--output=/var/log/pilots/topology-%j.out", str(script)],
                    user="pilot").stdout.strip()
     try:
         ad = None
