@@ -195,6 +195,9 @@ class SlurmCliBackend:
             f"--mem={request.memory_mb}M",
             f"--time={max(1, math.ceil(request.walltime_s / 60))}",
             f"--signal=B:TERM@{request.shutdown_margin_s}",
+            # A pilot whose node failed is gone; SLURM must not start it again
+            # elsewhere under the same job id (the provisioner decides).
+            "--no-requeue",
             f"--output={self.output_dir or '/dev/null'}/%x-%j.out" if self.output_dir
             else "--output=/dev/null",
         ]
