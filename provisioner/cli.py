@@ -8,22 +8,48 @@ import os
 import sys
 import time
 from collections import Counter
+from typing import NoReturn
 
-from provisioner.config import Config, ConfigError, load_config
+from provisioner.config import Config, ConfigError, field_location, load_config
+from provisioner.lock import AlreadyRunning, ServiceLock, lock_path
 
 DEFAULT_CONFIG = "/etc/provisioner/provisioner.yaml"
 
 
+def _fail(lines: list[str], code: int = 2) -> NoReturn:
+    """One line per problem on stderr, then exit."""
+    for line in lines:
+        print(f"provisioner: {line}", file=sys.stderr)
+    raise SystemExit(code)
+
+
 def _load(path: str) -> Config:
     from provisioner.pilot.script import TemplateError, check_templates
+    from provisioner.secrets import check_secret_files
 
     try:
         config = load_config(path)
         check_templates(config)
-    except (ConfigError, TemplateError) as exc:
-        print(f"provisioner: configuration error:\n{exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+    except ConfigError as exc:
+        _fail(str(exc).splitlines())
+    except TemplateError as exc:
+        _fail([f"{field_location(path, exc.field)}: {exc}"])
+    problems = check_secret_files(config)
+    if problems:
+        _fail([f"{path}: {p}" for p in problems])
     return config
+
+
+def _lock(config: Config) -> ServiceLock:
+    """Hold this provisioner id's lock for the life of the process, or exit 3."""
+    lock = ServiceLock(config.lock_file or lock_path(config.journal, config.pool.provisioner_id))
+    try:
+        lock.acquire()
+    except AlreadyRunning as exc:
+        _fail([str(exc)], code=3)
+    except OSError as exc:
+        _fail([f"cannot take the service lock {lock.path}: {exc.strerror or exc}"], code=3)
+    return lock
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
@@ -115,12 +141,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.config}: ok ({len(config.sites)} site(s): {', '.join(config.site_names)})")
         return 0
     if args.command == "once":
-        return cmd_once(config, args.dry_run)
+        lock = None if args.dry_run else _lock(config)
+        try:
+            return cmd_once(config, args.dry_run)
+        finally:
+            if lock:
+                lock.release()
     if args.command == "status":
         return cmd_status(config)
     from provisioner.service import Provisioner, run_forever
 
-    run_forever(Provisioner(config))
+    lock = _lock(config)
+    try:
+        run_forever(Provisioner(config))
+    finally:
+        lock.release()
     return 0
 
 

@@ -10,14 +10,11 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
-
-#: Site backends this package knows; `sites[].backend` must be one of these.
-KNOWN_BACKENDS: tuple[str, ...] = ("slurm-cli",)
 
 SITE_NAME_PATTERN = r"^[a-z][a-z0-9_-]*$"
 
@@ -81,6 +78,7 @@ class ReserveConfig(_Model):
 
 class PolicyConfig(_Model):
     interval_s: float = Field(default=300, gt=0)
+    #: The cheap check between cycles; at most interval_s.
     quick_check_s: float = Field(default=20, gt=0)
     min_cycle_gap_s: float = Field(default=10, ge=0)
     idle_release_cycles: int = Field(default=2, ge=1)
@@ -90,6 +88,18 @@ class PolicyConfig(_Model):
     #: long is cancelled (broken image, authentication failure, unreachable collector).
     start_timeout_s: float = Field(default=900, gt=0)
     reserve: ReserveConfig = ReserveConfig()
+
+    @model_validator(mode="after")
+    def _quick_check_within_interval(self) -> PolicyConfig:
+        if self.quick_check_s > self.interval_s:
+            raise PydanticCustomError(
+                "quick_check",
+                "quick_check_s {value} exceeds interval_s {interval}: the interval would "
+                "silently become {value}",
+                {"field": "quick_check_s", "value": self.quick_check_s,
+                 "interval": self.interval_s},
+            )
+        return self
 
 
 class PilotShapeConfig(_Model):
@@ -160,15 +170,46 @@ class PilotRuntimeConfig(_Model):
     noclaim_shutdown_s: int = Field(default=1200, gt=0)
 
 
-class SiteConfig(_Model):
+_HOST = r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$"
+_ACCOUNT = r"^[a-z_][a-z0-9_-]*$"
+
+
+class LocalExecutorConfig(_Model):
+    """Commands run on the provisioner's own host (a login node of the site)."""
+
+    type: Literal["local"] = "local"
+    #: Account that runs them when the service runs as root (None = the service's own).
+    run_as: str | None = Field(default=None, pattern=_ACCOUNT)
+    command_timeout_s: float = Field(default=60, gt=0)
+
+
+class SshExecutorConfig(_Model):
+    """Commands run on the site's login node over SSH (key only, strict host keys)."""
+
+    type: Literal["ssh"]
+    host: str = Field(pattern=_HOST)
+    port: int = Field(default=22, ge=1, le=65535)
+    #: The site account the pilots are submitted as.
+    user: str = Field(pattern=_ACCOUNT)
+    #: Private key (readable by the service's account only).
+    key_file: str = Field(pattern=_PATH)
+    #: The login node's host key(s), checked strictly.
+    known_hosts: str = Field(pattern=_PATH)
+    connect_timeout_s: float = Field(default=10, gt=0)
+    command_timeout_s: float = Field(default=60, gt=0)
+    #: How long the multiplexed connection outlives its last command.
+    control_persist_s: int = Field(default=600, ge=0)
+    #: Private directory (created 0700) for the connection sockets; keep it short.
+    control_dir: str = Field(default="/run/provisioner", pattern=_PATH, max_length=60)
+
+
+ExecutorConfig = Annotated[LocalExecutorConfig | SshExecutorConfig, Field(discriminator="type")]
+
+
+class SiteBase(_Model):
+    """What every site has, whatever its backend: its pilots and the provisioner's policy."""
+
     name: str = Field(pattern=SITE_NAME_PATTERN)
-    backend: str = "slurm-cli"
-    slurm_conf: str | None = Field(default=None, pattern=_PATH)
-    partition: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
-    account: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
-    qos: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
-    #: Account that submits pilots when the service runs as root (None = the service's own).
-    submit_user: str | None = Field(default=None, pattern=r"^[a-z_][a-z0-9_-]*$")
     max_walltime_s: int = Field(gt=0)
     template: str = Field(pattern=r"^[A-Za-z0-9_.-]+\.j2$")
     image: str = Field(pattern=_PATH)
@@ -179,19 +220,8 @@ class SiteConfig(_Model):
     caps: CapsConfig = CapsConfig()
     keep_warm: int = Field(default=0, ge=0)
 
-    @field_validator("backend")
-    @classmethod
-    def _known_backend(cls, value: str) -> str:
-        if value not in KNOWN_BACKENDS:
-            raise PydanticCustomError(
-                "backend",
-                "unknown backend '{value}'; known backends: {known}",
-                {"value": value, "known": ", ".join(KNOWN_BACKENDS)},
-            )
-        return value
-
     @model_validator(mode="after")
-    def _walltime_within_partition(self) -> SiteConfig:
+    def _walltime_within_partition(self) -> SiteBase:
         if self.pilot.walltime_s > self.max_walltime_s:
             raise PydanticCustomError(
                 "walltime",
@@ -202,6 +232,24 @@ class SiteConfig(_Model):
         return self
 
 
+class SiteConfig(SiteBase):
+    """A SLURM site driven through its command-line tools (`backend: slurm-cli`)."""
+
+    backend: Literal["slurm-cli"] = "slurm-cli"
+    slurm_conf: str | None = Field(default=None, pattern=_PATH)
+    partition: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
+    account: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
+    qos: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
+    executor: ExecutorConfig = LocalExecutorConfig()
+
+
+#: Backend name (`sites[].backend`) -> its settings model. Each backend owns its
+#: fields; provisioner.sites registers a factory for each of these names.
+BACKEND_SETTINGS: dict[str, type[SiteBase]] = {"slurm-cli": SiteConfig}
+KNOWN_BACKENDS: tuple[str, ...] = tuple(BACKEND_SETTINGS)
+AnySite = Annotated[SiteConfig, Field(discriminator="backend")]
+
+
 class Config(_Model):
     pool: PoolConfig = PoolConfig()
     policy: PolicyConfig = PolicyConfig()
@@ -209,7 +257,18 @@ class Config(_Model):
     templates_dir: str | None = Field(default=None, pattern=_PATH)
     #: SQLite journal (audit trail and cache, never the only copy); "" = none.
     journal: str = Field(default="", pattern=r"^(|/[A-Za-z0-9_./+@%=,-]*)$")
-    sites: tuple[SiteConfig, ...] = Field(min_length=1)
+    #: One service per provisioner id holds this lock ("" = next to the journal).
+    lock_file: str = Field(default="", pattern=r"^(|/[A-Za-z0-9_./+@%=,-]*)$")
+    sites: tuple[AnySite, ...] = Field(min_length=1)
+
+    @field_validator("sites", mode="before")
+    @classmethod
+    def _default_backend(cls, value: Any) -> Any:
+        """`backend` may be omitted: it defaults to slurm-cli."""
+        if isinstance(value, list | tuple):
+            return [dict(s, backend="slurm-cli") if isinstance(s, dict) and "backend" not in s
+                    else s for s in value]
+        return value
 
     @model_validator(mode="after")
     def _unique_site_names(self) -> Config:
@@ -282,11 +341,26 @@ def _node_line(root: yaml.Node | None, loc: list[int | str]) -> int | None:
     return line
 
 
+#: Discriminated unions put the chosen member's tag into an error's location.
+_UNION_TAGS = frozenset({*KNOWN_BACKENDS, "local", "ssh"})
+
+
+def _without_tags(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
+    """('sites', 0, 'slurm-cli', 'executor', 'ssh', 'port') -> ('sites', 0, 'executor', 'port')."""
+    out: list[int | str] = []
+    for part in loc:
+        if isinstance(part, str) and part in _UNION_TAGS and out and (
+                isinstance(out[-1], int) or out[-1] == "executor"):
+            continue
+        out.append(part)
+    return tuple(out)
+
+
 def _iter_errors(
     exc: ValidationError, source: str, root: yaml.Node | None
 ) -> Iterator[str]:
     for err in exc.errors():
-        loc = tuple(err["loc"])
+        loc = _without_tags(tuple(err["loc"]))
         ctx: dict[str, Any] = dict(err.get("ctx") or {})
         sub = str(ctx.get("field", ""))
         path = _loc_path(loc, sub)
@@ -295,6 +369,19 @@ def _iter_errors(
         where = f"{source}:{line}" if line is not None else source
         if err["type"] == "missing":
             yield f"{where}: {path}: field required"
+            continue
+        if err["type"] in ("union_tag_invalid", "union_tag_not_found"):
+            # A discriminated union: sites[].backend or an executor's type.
+            key = str(ctx.get("discriminator", "")).strip("'") or "type"
+            path = _loc_path(loc, key)
+            line = _node_line(root, [*loc, key])
+            where = f"{source}:{line}" if line is not None else source
+            known = ctx.get("expected_tags", "")
+            if err["type"] == "union_tag_not_found":
+                yield f"{where}: {path}: field required (one of {known})"
+            else:
+                kind = "backend" if key == "backend" else f"{key}"
+                yield f"{where}: {path}: unknown {kind} {ctx.get('tag')!r}; known: {known}"
             continue
         value = ctx["value"] if "value" in ctx else err.get("input")
         yield f"{where}: {path}: {err['msg']} (got {value!r})"
@@ -319,6 +406,16 @@ def parse_config(text: str, source: str = "<string>") -> Config:
     except ValidationError as exc:
         messages = list(_iter_errors(exc, source, root))
         raise ConfigError("\n".join(messages)) from exc
+
+
+def field_location(path: str | os.PathLike[str], field: str) -> str:
+    """"FILE:LINE" of a field (e.g. ``sites[1].template``) in a YAML file, or "FILE"."""
+    try:
+        root = yaml.compose(Path(path).read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+    except (OSError, yaml.YAMLError):
+        return str(path)
+    line = _node_line(root, _sub_loc(field))
+    return f"{path}:{line}" if line is not None else str(path)
 
 
 def load_config(path: str | os.PathLike[str]) -> Config:

@@ -24,6 +24,10 @@ DEFAULT_TEMPLATE_DIRS = (Path(__file__).resolve().parents[2] / "slurm_templates"
 class TemplateError(Exception):
     """A site's batch-script template is missing or does not render."""
 
+    def __init__(self, message: str, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field  # the configuration field at fault, e.g. sites[1].template
+
 
 def templates_dir(config: Config) -> Path:
     if config.templates_dir:
@@ -37,13 +41,20 @@ def templates_dir(config: Config) -> Path:
 
 
 def check_templates(config: Config) -> None:
-    """Render every site's template once; TemplateError names the site and file."""
-    for site in config.sites:
+    """Render every site's template once; TemplateError says which site's
+    `template` field failed (`field` is its path, e.g. sites[1].template) and why."""
+    where = config.templates_dir or "the slurm_templates directory"
+    for i, site in enumerate(config.sites):
         try:
             render_pilot_script(config, site, site.pilot.walltime_s)
+        except jinja2.TemplateNotFound as exc:
+            raise TemplateError(f"sites[{i}].template: no template {exc.name!r} in {where}",
+                                field=f"sites[{i}].template") from exc
         except jinja2.TemplateError as exc:
-            raise TemplateError(f"sites[{site.name}].template {site.template!r} in "
-                                f"{templates_dir(config)}: {exc}") from exc
+            lineno = getattr(exc, "lineno", None)
+            at = f"{site.template}:{lineno}" if lineno else site.template
+            raise TemplateError(f"sites[{i}].template: {at} does not render: {exc}",
+                                field=f"sites[{i}].template") from exc
 
 
 def _environment(directory: Path) -> jinja2.Environment:

@@ -233,9 +233,11 @@ class Pilot:
 
     def _options(self) -> list[str]:
         # --no-home: the pilot account's home (where sites often keep the pilot
-        # token) is not visible to payloads.
-        return ["--cleanenv", "--no-home", "--env", f"CONDOR_CONFIG={self.config}",
-                "--env", "LANG=C.UTF-8"]
+        # token) is not visible to payloads; nor is the directory the pilot was
+        # started in (Apptainer mounts the working directory by default, and a
+        # job submitted over SSH starts in that home).
+        return ["--cleanenv", "--no-home", "--no-mount", "cwd", "--pwd", str(self.workdir),
+                "--env", f"CONDOR_CONFIG={self.config}", "--env", "LANG=C.UTF-8"]
 
     def on_release(self, signum: int, _frame: Any) -> None:
         """The provisioner asks us to leave if idle: drain with an atomic idle check.
@@ -270,6 +272,7 @@ class Pilot:
         from spython.main import Client  # imported here: only the node needs it
 
         Client.quiet = True
+        os.chdir(self.workdir)
         argv = ["condor_master", "-f", "-pidfile", str(self.pidfile)]
         options = self._options()
         log.info("starting %s in %s (%d cores, %d MB, walltime end %d)", self.p.name,

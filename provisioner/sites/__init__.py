@@ -1,19 +1,44 @@
-"""Site backends: one module per kind of site, chosen by `sites[].backend`."""
+"""Site backends: one module per kind of site, chosen by `sites[].backend`.
+
+`BACKENDS` maps each backend name of provisioner.config.BACKEND_SETTINGS (the
+settings models, where the names are defined) to the factory that builds it; a
+test checks that both name the same backends.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
-from provisioner.config import PoolConfig, SiteConfig
+from provisioner.config import (
+    LocalExecutorConfig,
+    PoolConfig,
+    SiteConfig,
+    SshExecutorConfig,
+)
 from provisioner.sites.base import SiteBackend
-from provisioner.sites.slurm_cli import LocalExecutor, SlurmCliBackend
+from provisioner.sites.executor import Executor, LocalExecutor, SshExecutor
+from provisioner.sites.slurm_cli import SlurmCliBackend
 
 
-def _slurm_cli(site: SiteConfig, pool: PoolConfig) -> SiteBackend:
+def make_executor(site: str, cfg: LocalExecutorConfig | SshExecutorConfig) -> Executor:
+    """The executor a site's settings ask for."""
+    if isinstance(cfg, SshExecutorConfig):
+        return SshExecutor(site=site, host=cfg.host, port=cfg.port, user=cfg.user,
+                           key_file=cfg.key_file, known_hosts=cfg.known_hosts,
+                           connect_timeout_s=cfg.connect_timeout_s,
+                           command_timeout_s=cfg.command_timeout_s,
+                           control_persist_s=cfg.control_persist_s,
+                           control_dir=cfg.control_dir)
+    return LocalExecutor(run_as=cfg.run_as, timeout_s=cfg.command_timeout_s)
+
+
+def _slurm_cli(site: Any, pool: PoolConfig) -> SiteBackend:
+    assert isinstance(site, SiteConfig)
     return SlurmCliBackend(
         name=site.name,
         provisioner_id=pool.provisioner_id,
-        executor=LocalExecutor(run_as=site.submit_user),
+        executor=make_executor(site.name, site.executor),
         slurm_conf=site.slurm_conf,
         partition=site.partition,
         account=site.account,
@@ -22,9 +47,8 @@ def _slurm_cli(site: SiteConfig, pool: PoolConfig) -> SiteBackend:
     )
 
 
-#: backend name (config `sites[].backend`) -> factory. The config validates names
-#: against provisioner.config.KNOWN_BACKENDS; keep both in step.
-BACKENDS: dict[str, Callable[[SiteConfig, PoolConfig], SiteBackend]] = {
+#: backend name (config `sites[].backend`) -> factory.
+BACKENDS: dict[str, Callable[[Any, PoolConfig], SiteBackend]] = {
     "slurm-cli": _slurm_cli,
 }
 

@@ -1,8 +1,9 @@
 """SLURM through its command-line tools: sbatch, squeue --json, scancel.
 
-Commands run through an `Executor` (local now; an SSH executor to a site's login
-node fits the same interface). Every command is an argv list; configuration
-values are validated by the config models and never pass through a shell.
+Commands run through an `Executor` (provisioner.sites.executor: on this host, or
+on the site's login node over SSH). Every command is an argv list; configuration
+values are validated by the config models and never pass through a local shell
+(the SSH executor quotes each word for the remote one).
 """
 
 from __future__ import annotations
@@ -11,9 +12,8 @@ import json
 import logging
 import math
 import re
-import subprocess
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from provisioner.sites.base import (
@@ -24,6 +24,7 @@ from provisioner.sites.base import (
     Transient,
     Unreachable,
 )
+from provisioner.sites.executor import CommandResult, Executor
 
 log = logging.getLogger(__name__)
 
@@ -65,39 +66,6 @@ _TRANSIENT = re.compile(r"socket timed out|try again|temporarily|resource tempor
                         r"slurmctld is busy|timed out", re.IGNORECASE)
 _UNKNOWN_JOB = re.compile(r"invalid job id|job has already finished|already completing",
                           re.IGNORECASE)
-
-
-@dataclass(frozen=True)
-class CommandResult:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-@dataclass
-class LocalExecutor:
-    """Runs commands on this host, optionally as another account (needs root)."""
-
-    run_as: str | None = None
-    timeout_s: float = 60.0
-    calls: list[Sequence[str]] = field(default_factory=list, repr=False)
-
-    def run(self, argv: Sequence[str], env: Mapping[str, str], stdin: str | None = None
-            ) -> CommandResult:
-        self.calls.append(list(argv))
-        try:
-            proc = subprocess.run(
-                list(argv), input=stdin, capture_output=True, text=True,
-                env=dict(env), timeout=self.timeout_s,
-                user=self.run_as, group=self.run_as,
-                extra_groups=[] if self.run_as else None,
-                cwd="/" if self.run_as else None,
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise Transient(f"{argv[0]} timed out after {self.timeout_s:.0f} s") from exc
-        except FileNotFoundError as exc:
-            raise Unreachable(f"{argv[0]} not found: {exc}") from exc
-        return CommandResult(proc.returncode, proc.stdout, proc.stderr)
 
 
 def _number(value: Any) -> float | None:
@@ -169,7 +137,7 @@ class SlurmCliBackend:
 
     name: str
     provisioner_id: str
-    executor: Any
+    executor: Executor
     slurm_conf: str | None = None
     partition: str | None = None
     account: str | None = None
@@ -198,6 +166,9 @@ class SlurmCliBackend:
             # A pilot whose node failed is gone; SLURM must not start it again
             # elsewhere under the same job id (the provisioner decides).
             "--no-requeue",
+            # Wherever the command runs (an SSH session starts in the account's
+            # home), the pilot starts in /, never in a directory it would expose.
+            "--chdir=/",
             f"--output={self.output_dir or '/dev/null'}/%x-%j.out" if self.output_dir
             else "--output=/dev/null",
         ]

@@ -121,10 +121,12 @@ def assert_clean_completion(name: str, count: int, outputs: bool = True) -> None
 
 @pytest.fixture
 def service(clean: None, tmp_path: Path) -> Iterator[Path]:
-    """`provisioner run` as a real background service; yields its log file."""
+    """`provisioner run` as a real background service, as its own unprivileged
+    account (as the systemd unit runs it); yields its log file."""
     logfile = tmp_path / "service.log"
     with logfile.open("w") as f:
-        proc = subprocess.Popen(["provisioner", "-c", CONFIG, "run"], stdout=f,
+        proc = subprocess.Popen(["runuser", "-u", "provisioner", "--",
+                                 "/opt/venv/bin/provisioner", "-c", CONFIG, "run"], stdout=f,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     try:
         yield logfile

@@ -65,7 +65,8 @@ def test_sbatch_argv_carries_the_shape_and_never_a_shell_string() -> None:
     argv = b.sbatch_argv(PilotRequest(cpus=2, memory_mb=3000, walltime_s=3601,
                                       shutdown_margin_s=120, script="#!/bin/bash\n"))
     assert argv[:2] == ["sbatch", "--parsable"]
-    assert {"--cpus-per-task=2", "--mem=3000M", "--time=61", "--signal=B:TERM@120", "--no-requeue",
+    assert {"--cpus-per-task=2", "--mem=3000M", "--time=61", "--signal=B:TERM@120",
+            "--no-requeue", "--chdir=/",
             "--partition=main", "--account=acc", "--job-name=htcpilot-t"} <= set(argv)
 
 
