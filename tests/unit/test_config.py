@@ -93,3 +93,29 @@ def test_missing_file_and_empty_file(tmp_path: Path) -> None:
 def test_missing_required_field(tmp_path: Path) -> None:
     _p, msg = rejected(tmp_path, "    template: gsi.sh.j2\n", "")
     assert "sites[0].template" in msg and "required" in msg
+
+
+def test_quick_check_longer_than_interval_is_refused(tmp_path: Path) -> None:
+    _p, msg = rejected(tmp_path, "idle_release_cycles: 2",
+                      "idle_release_cycles: 2\n  interval_s: 10\n  quick_check_s: 30")
+    assert "policy.quick_check_s" in msg and "30" in msg and "interval_s 10" in msg
+
+
+def test_ssh_executor_fields_are_checked_by_the_executor_model(tmp_path: Path) -> None:
+    conf = "    slurm_conf: /etc/slurm-frankfurt/slurm.conf\n"
+
+    def with_executor(executor: str) -> str:
+        return rejected(tmp_path, conf, f"{conf}    executor: {executor}\n")[1]
+
+    msg = with_executor("{type: ssh, host: fra-login, user: pilot, key_file: /k, "
+                        "known_hosts: /kh, port: 70000}")
+    assert "sites[1].executor.port" in msg and "70000" in msg
+    assert "sites[1].executor.host: field required" in with_executor("{type: ssh, user: p}")
+    msg = with_executor("{type: telnet}")
+    assert "sites[1].executor.type" in msg and "'telnet'" in msg and "ssh" in msg
+
+
+def test_every_problem_is_one_line(tmp_path: Path) -> None:
+    _p, msg = rejected(tmp_path, "max_pending: 4", "max_pending: -1\n      bogus: 1")
+    lines = msg.splitlines()
+    assert len(lines) == 2 and all(line.startswith(str(_p) + ":") for line in lines)
