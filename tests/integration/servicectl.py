@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import subprocess
+import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +18,13 @@ import yaml
 from conftest import CONFIG, SITES, slurm
 
 SERVICE_USER = "provisioner"
+
+
+def service_dir() -> Path:
+    """A fresh directory the service's account owns (pytest's own are root's only)."""
+    directory = Path(tempfile.mkdtemp(prefix="service.", dir="/var/tmp"))
+    directory.chmod(0o755)
+    return directory
 
 
 def write_config(directory: Path, edit: Callable[[dict], None] | None = None) -> Path:

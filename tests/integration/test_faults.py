@@ -18,7 +18,15 @@ from pathlib import Path
 
 import pytest
 from conftest import LOGIN, SITES, run, slurm
-from servicectl import Service, SiteWatch, job_events, pilot_ads, pilot_ids, write_config
+from servicectl import (
+    Service,
+    SiteWatch,
+    job_events,
+    pilot_ads,
+    pilot_ids,
+    service_dir,
+    write_config,
+)
 from test_loop import ALICE, clean_pool, jobs_left, submit, submit_script, wait_for
 
 #: Caps of the testbed configuration (deploy/testbed/provisioner.yaml).
@@ -26,13 +34,15 @@ CAPS = {"gsi": 1, "frankfurt": 2}
 
 
 @pytest.fixture
-def service(tmp_path: Path) -> Iterator[Service]:
+def service() -> Iterator[Service]:
     clean_pool()
-    svc = Service(write_config(tmp_path), tmp_path / "service.log")
+    directory = service_dir()
+    svc = Service(write_config(directory), directory / "service.log")
     try:
         yield svc
     finally:
         svc.stop()
+        print(f"--- service log ({svc.log}) ---\n{svc.text()}")
         clean_pool()
 
 
@@ -63,7 +73,8 @@ def test_kill_9_mid_cycle_then_restart_rebuilds_from_the_sites(service: Service)
     slurm("frankfurt", ["scontrol", "update", "nodename=fra-n2", "state=drain",
                         "reason=fault-test"])
     try:
-        cluster = submit("kill9", 8, 40)
+        # 12 one-core jobs: gsi (cap 1) and Frankfurt take 4 each, a third pilot waits.
+        cluster = submit("kill9", 12, 40)
         with SiteWatch() as watch:
             service.start()
             # Killed the moment its first sbatch returned: in the middle of acting.
@@ -85,7 +96,7 @@ def test_kill_9_mid_cycle_then_restart_rebuilds_from_the_sites(service: Service)
                              if "pending" in line or "busy" in line]
             assert after_restart
             assert watch.seen["frankfurt"] >= before["frankfurt"]
-        assert_completed("kill9", 8)
+        assert_completed("kill9", 12)
     finally:
         slurm("frankfurt", ["scontrol", "update", "nodename=fra-n2", "state=resume"])
     assert_converged(service, watch)
@@ -240,9 +251,10 @@ def _short_walltime(data: dict) -> None:
             site["caps"].update(max_pilots=0, max_pending=0)
 
 
-def test_pilot_reaching_walltime_with_a_job_that_stated_no_runtime(tmp_path: Path) -> None:
+def test_pilot_reaching_walltime_with_a_job_that_stated_no_runtime() -> None:
     clean_pool()
-    svc = Service(write_config(tmp_path, _short_walltime), tmp_path / "service.log")
+    directory = service_dir()
+    svc = Service(write_config(directory, _short_walltime), directory / "service.log")
     # Its first run outlives the pilot; once started again, it finishes at once.
     cluster = submit_script("walltime", (
         'if grep -q "^NumJobStarts = 0" "$_CONDOR_JOB_AD"; then sleep 900; fi\n'
@@ -257,5 +269,6 @@ def test_pilot_reaching_walltime_with_a_job_that_stated_no_runtime(tmp_path: Pat
         assert len(watch.seen["gsi"]) >= 2
     finally:
         svc.stop()
+        print(f"--- service log ({svc.log}) ---\n{svc.text()}")
         clean_pool()
     assert_completed("walltime", 1, may_requeue=True)
