@@ -135,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    # A cycle longer than the quick check (a site timing out) skips checks: expected.
+    logging.getLogger("apscheduler").setLevel(logging.ERROR)
     config = _load(args.config)
     if args.command == "check-config":
         print(f"{args.config}: ok ({len(config.sites)} site(s): {', '.join(config.site_names)})")

@@ -73,6 +73,11 @@ def ad_busy(ad: PilotAd, running_on: frozenset[str]) -> bool:
             or ad.free_memory_mb < ad.memory_mb or ad.name in running_on)
 
 
+def idle_ad_keys(ads: Mapping[str, PilotAd]) -> frozenset[str]:
+    """Pilots whose startd ad shows nothing claimed (what the quick check compares)."""
+    return frozenset(k for k, a in ads.items() if a.claimed_slots == 0 and a.free_cpus == a.cpus)
+
+
 def pilot_state(job: SiteJob, ad: PilotAd | None,
                 running_on: frozenset[str] = frozenset(), site: str = "") -> PilotState:
     """The pilot's state from its SLURM job, its startd ad (None: no ad) and the
@@ -388,8 +393,9 @@ class Provisioner:
             self.flagged, self.idle_cycles = planner.carry_over(obs.snapshot, result, now)
             self.last_mark = CycleMark(
                 at=now, idle_jobs=sum(d.idle for d in obs.snapshot.demand),
-                idle_pilots=frozenset(p.key for p in obs.snapshot.pilots
-                                      if p.state is PilotState.IDLE),
+                # As the quick check sees them (a ghost ad included), or a ghost
+                # would look newly idle at every check.
+                idle_pilots=idle_ad_keys(obs.ads),
                 flagged=len(self.flagged), unplaced=result.unplaced_jobs,
                 reserve=result.reserve_jobs)
         t3 = time.monotonic()
@@ -412,8 +418,7 @@ class Provisioner:
         now = self.clock()
         try:
             idle = self.pool.idle_count()
-            idle_pilots = frozenset(k for k, a in self.pool.pilot_ads().items()
-                                    if a.claimed_slots == 0 and a.free_cpus == a.cpus)
+            idle_pilots = idle_ad_keys(self.pool.pilot_ads())
         except PoolUnreachable as exc:
             log.warning("quick check failed: %s", exc)
             idle, idle_pilots = 0, frozenset()

@@ -172,7 +172,7 @@ def _link(host: str, up: bool) -> None:
 
 
 def test_login_node_unreachable_then_back(service: Service) -> None:
-    first = submit("login-first", 2, 60)
+    first = submit("login-first", 6, 60)  # more than gsi (cap 1 pilot of 4 cores) takes
     with SiteWatch() as watch:
         service.start()
         wait_for("a busy pilot at frankfurt",
@@ -190,7 +190,7 @@ def test_login_node_unreachable_then_back(service: Service) -> None:
         wait_for("all jobs done", lambda: jobs_left(first) + jobs_left(second) == 0, 300,
                  step=2)
         assert_converged(service, watch)
-    assert_completed("login-first", 2)
+    assert_completed("login-first", 6)
     assert_completed("login-second", 4)
 
 

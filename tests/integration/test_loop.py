@@ -29,13 +29,21 @@ ALICE = Path("/home/alice")
 
 def wait_for(what: str, predicate: Callable[[], object], timeout: float, step: float = 1.0
              ) -> object:
+    """Poll `predicate` until it returns something true. A poll that raises (a
+    daemon restarting under a fault test) counts as not yet; the last error is
+    reported if time runs out."""
     deadline = time.time() + timeout
+    last: Exception | None = None
     while time.time() < deadline:
-        value = predicate()
+        try:
+            value = predicate()
+        except Exception as exc:
+            last, value = exc, None
         if value:
             return value
         time.sleep(step)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}"
+                         + (f" (last error: {last})" if last else ""))
 
 
 def squeue_ids(site: str) -> list[str]:

@@ -266,3 +266,12 @@ def test_ghost_ads_and_pilots_lost_while_busy_are_reported_once(world, caplog) -
     clock.t = 19_950.0
     prov.observe()
     assert "pilot gsi/8 reached its walltime with jobs running" in caplog.text
+
+
+def test_a_ghost_ad_does_not_make_every_quick_check_a_cycle(world) -> None:  # type: ignore[no-untyped-def]
+    prov, pool, _, clock = world
+    pool.ads = {"gsi/7": idle_ad("7")}  # in the collector, gone from SLURM
+    assert prov.tick() is not None  # the first cycle
+    for _ in range(5):
+        clock.t += 30
+        assert prov.tick() is None
