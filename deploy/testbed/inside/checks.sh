@@ -1,5 +1,6 @@
 # Health checks of the testbed's components (sourced inside the namespace).
-# Each check_* returns 0 when the component answers; a failing check prints why.
+# Each check_* returns 0 when the component answers, 1 when it does not (yet),
+# 2 when it never will (then `up` stops waiting); a failing check prints why.
 # Every check runs on the host a user of that component would run it from.
 # shellcheck shell=bash
 export PATH=/opt/venv/bin:/usr/sbin:/usr/bin:/sbin:/bin
@@ -29,7 +30,7 @@ check_ssh() {  # login host: the provisioner reaches the pilot account with stri
     timeout 15 "$ON" cm -u provisioner -- ssh -F none -o BatchMode=yes \
         -o IdentitiesOnly=yes -i /etc/provisioner/ssh/id_ed25519 -o StrictHostKeyChecking=yes \
         -o UserKnownHostsFile=/etc/provisioner/ssh/known_hosts -o ConnectTimeout=5 \
-        "pilot@$1" true 2>&1
+        "pilot@$1" true 2>&1 || return 1
 }
 check_ssh-gsi() { check_ssh gsi-login; }
 check_ssh-frankfurt() { check_ssh fra-login; }
@@ -45,7 +46,7 @@ check_condor-schedd() { check_daemon_ad -schedd; }
 check_tokens() { [ -s /etc/provisioner/tokens.d/provisioner ] && [ -s /root/.condor/tokens.d/provisioner ] && [ -s /etc/provisioner/pilot.token ] && [ -s /etc/condor/tokens.d/condor ]; }
 
 check_xrootd() {  # from-host url
-    timeout 10 "$ON" "$1" -- xrdfs "$2" query config version >/dev/null 2>&1
+    timeout 10 "$ON" "$1" -- xrdfs "$2" query config version >/dev/null 2>&1 || return 1
 }
 check_xrootd-origin() { check_xrootd gsi-n1 root://gsi-storage:1094; }
 check_xrootd-cache() { check_xrootd fra-n1 root://fra-cache:1094; }
@@ -53,5 +54,5 @@ check_xrootd-cache() { check_xrootd fra-n1 root://fra-cache:1094; }
 check_apptainer() {
     [ -e /var/log/testbed/post-start.failed ] && { echo "post-start failed: see init.log"; return 2; }
     [ -e /var/log/testbed/post-start.done ] || { echo "pilot image not built yet"; return 1; }
-    on gsi-n1 -u pilot -- apptainer -s exec /opt/images/pilot.sif true
+    on gsi-n1 -u pilot -- apptainer -s exec /opt/images/pilot.sif true || return 1
 }
