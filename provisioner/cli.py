@@ -107,11 +107,14 @@ def cmd_status(config: Config) -> int:
     print(_table(rows, ["site", "job", "state", "cores used", "memory MB", "walltime left",
                         "flagged"]) if rows else "  no pilots")
     print("\nSites:")
+    breakers = journal.get("breakers", {}) or {}  # as the running service last saw them
     for view in snap.sites:
         counts = Counter(p.state.value for p in snap.pilots if p.site == view.name)
         state = "ok" if view.known else f"UNKNOWN ({view.error})"
+        breaker = breakers.get(view.name, "closed")
         print(f"  {view.name}: {state}; " + (", ".join(f"{n} {s}" for s, n in
-                                                       sorted(counts.items())) or "no pilots"))
+                                                       sorted(counts.items())) or "no pilots")
+              + f"; circuit breaker {breaker}")
     last = journal.get("last_cycle")
     if last:
         print(f"\nLast cycle {now - last['at']:.0f} s ago: {last['summary']}")

@@ -76,6 +76,16 @@ class ReserveConfig(_Model):
     max_jobs: int = Field(default=64, ge=0)
 
 
+class BreakerConfig(_Model):
+    """Circuit breaker of a black-hole site (provisioner.breaker): after `threshold`
+    pilots in a row end without joining the pool, no new pilots there for `base_s`,
+    then one test pilot; each failed test doubles the pause, up to `max_s`."""
+
+    threshold: int = Field(default=3, ge=1)
+    base_s: float = Field(default=600, gt=0)
+    max_s: float = Field(default=4 * 3600, gt=0)
+
+
 class PolicyConfig(_Model):
     interval_s: float = Field(default=300, gt=0)
     #: The cheap check between cycles; at most interval_s.
@@ -88,6 +98,7 @@ class PolicyConfig(_Model):
     #: long is cancelled (broken image, authentication failure, unreachable collector).
     start_timeout_s: float = Field(default=900, gt=0)
     reserve: ReserveConfig = ReserveConfig()
+    breaker: BreakerConfig = BreakerConfig()
 
     @model_validator(mode="after")
     def _quick_check_within_interval(self) -> PolicyConfig:

@@ -82,6 +82,9 @@ class SiteView:
     name: str
     known: bool  # False if squeue failed this cycle -> no actions at this site
     error: str = ""
+    #: At most this many new pilots this cycle (None: only the caps limit them);
+    #: 0 while the site's circuit breaker is open, 1 while a pilot may test it.
+    max_new: int | None = None
 
 
 @dataclass(frozen=True)

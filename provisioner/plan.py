@@ -275,6 +275,7 @@ def plan(snapshot: Snapshot, config: Config, now: float) -> Plan:
     sites = sorted(config.sites, key=lambda s: (-s.weight, s.name))
     known = {v.name: v.known for v in snapshot.sites}
     site_ok = {s.name: known.get(s.name, False) for s in sites}
+    breaker = {v.name: v.max_new for v in snapshot.sites if v.max_new is not None}
 
     # 1. match demand to sites
     unmatchable: list[Unmatchable] = []
@@ -342,6 +343,8 @@ def plan(snapshot: Snapshot, config: Config, now: float) -> Plan:
             "site max_submit_per_cycle": site.caps.max_submit_per_cycle,
             "policy max_submit_per_cycle": global_left,
         }
+        if site.name in breaker:
+            room["circuit breaker"] = breaker[site.name]
         rooms[site.name] = room
         allowed = max(0, min(room.values())) if site_ok[site.name] else 0
         new = NewPilots(
@@ -427,6 +430,12 @@ def _idle_observations(snapshot: Snapshot, p: Pilot, now: float) -> int:
     return max(1, snapshot.idle_cycles.get(p.key, 1)) + 1
 
 
+def _drained_empty(p: Pilot) -> bool:
+    """A draining pilot with nothing claimed (the service reports a draining pilot on
+    which the schedd runs a job with no free cpus)."""
+    return p.state is PilotState.DRAINING and p.free_cpus >= p.cpus > 0
+
+
 def _pilot_actions(
     snapshot: Snapshot, config: Config, now: float, used: set[str], site_ok: dict[str, bool]
 ) -> list[Action]:
@@ -455,6 +464,17 @@ def _pilot_actions(
                     releases.append(p)
                 elif not flagged:
                     out.append(Flag(p, "idle, no demand for it"))
+            elif p.state is PilotState.DRAINING:
+                # Drained (an admin's condor_drain, or a release in progress): once it
+                # runs nothing (free_cpus == cpus only if neither the collector nor the
+                # schedd sees a job there) for n_release cycles, it only burns allocation.
+                if not _drained_empty(p):
+                    if flagged:
+                        out.append(Unflag(p, "draining with jobs"))
+                elif _idle_observations(snapshot, p, now) >= n_release:
+                    out.append(Cancel(p, f"drained and running nothing for {n_release} cycles"))
+                elif not flagged:
+                    out.append(Flag(p, "drained, runs nothing"))
             elif p.state is PilotState.PENDING and p.key not in used:
                 cancels.append(p)
             elif (p.state is PilotState.STARTING and p.started_at is not None
@@ -508,7 +528,8 @@ def carry_over(
         if p.site not in known:
             if key in snapshot.idle_cycles:
                 idle_cycles[key] = snapshot.idle_cycles[key]
-        elif p.state is PilotState.IDLE and key not in dropped and key in flagged:
+        elif ((p.state is PilotState.IDLE or _drained_empty(p)) and key not in dropped
+              and key in flagged):
             idle_cycles[key] = _idle_observations(snapshot, p, now)
     return flagged, idle_cycles
 

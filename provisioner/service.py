@@ -19,6 +19,7 @@ from typing import Any
 from provisioner import plan as planner
 from provisioner.arrivals import QueueHistory, departures
 from provisioner.backoff import SiteBackoff
+from provisioner.breaker import SiteBreakers
 from provisioner.cadence import CycleMark, Probe, cycle_due
 from provisioner.condor import PilotAd, Pool, PoolUnreachable
 from provisioner.config import Config
@@ -114,7 +115,10 @@ def merge_pilots(site: str, jobs: list[SiteJob], ads: Mapping[str, PilotAd],
             submitted_at=job.submitted_at,
             started_at=job.started_at,
             walltime_end=(ad.walltime_end if ad and ad.walltime_end else job.ends_at),
-            free_cpus=ad.free_cpus if up and ad else job.cpus,
+            # A draining pilot the schedd still runs a job on is reported full, so
+            # that plan() never takes it for an empty drained one.
+            free_cpus=(0 if state is PilotState.DRAINING and ad and ad_busy(ad, running_on)
+                       else ad.free_cpus if up and ad else job.cpus),
             free_memory_mb=ad.free_memory_mb if up and ad else job.memory_mb,
             name=ad.name if ad else None,
         ))
@@ -185,6 +189,8 @@ class Provisioner:
         self.history = QueueHistory(config.policy.reserve.window_s)
         self.ghosts: set[str] = set()  # startd ads without a SLURM job, already logged
         self.busy_ends: dict[str, float | None] = {}  # busy pilots last cycle -> walltime end
+        breaker = config.policy.breaker
+        self.breakers = SiteBreakers(breaker.threshold, breaker.base_s, breaker.max_s)
         # A site that keeps failing is asked again after a growing delay.
         self.backoff = SiteBackoff(base_s=min(config.policy.interval_s, 60.0), max_s=600.0)
 
@@ -240,8 +246,11 @@ class Provisioner:
                 log.warning("site %s readable again", site.name)
             jobs[site.name] = site_jobs
             self.last_jobs[site.name] = site_jobs
-            views.append(SiteView(site.name, known=True))
-            pilots.extend(merge_pilots(site.name, site_jobs, ads, running_on))
+            merged = merge_pilots(site.name, site_jobs, ads, running_on)
+            pilots.extend(merged)
+            views.append(SiteView(site.name, known=True,
+                                  max_new=self._breaker(site.name, site_jobs, merged,
+                                                        ads if pool_known else None, now)))
         snapshot = Snapshot(
             demand=demand, pilots=tuple(pilots), sites=tuple(views), pool_known=pool_known,
             flagged=dict(self.flagged), last_submit=dict(self.last_submit),
@@ -250,6 +259,21 @@ class Provisioner:
         if pool_known:
             self._report_disagreements(snapshot, ads, jobs, now)
         return Observation(snapshot, ads, jobs, running_on)
+
+    def _breaker(self, site: str, site_jobs: list[SiteJob], merged: list[Pilot],
+                 ads: Mapping[str, PilotAd] | None, now: float) -> int | None:
+        """Feed the site's circuit breaker (only when the pool is known: a missing ad
+        must mean "never joined"); its limit on new pilots this cycle."""
+        if ads is not None:
+            keys = [f"{site}/{j.job_id}" for j in site_jobs]
+            running = [k for k, j in zip(keys, site_jobs, strict=True)
+                       if j.state is SiteJobState.RUNNING]
+            joined = [k for k, a in ads.items() if a.site == site]
+            for event in self.breakers.observe(site, running, keys, joined, now):
+                log.warning("%s", event)
+        untested = sum(1 for p in merged if p.state in (PilotState.PENDING,
+                                                         PilotState.STARTING))
+        return self.breakers.max_new(site, now, untested)
 
     def _report_disagreements(self, snapshot: Snapshot, ads: Mapping[str, PilotAd],
                               jobs: Mapping[str, list[SiteJob]], now: float) -> None:
@@ -410,6 +434,7 @@ class Provisioner:
                 site, job_id = action_target(text)
                 self.journal.action(cid, kind, site, job_id, text, outcome)
             self.journal.put("flagged", self.flagged)
+            self.journal.put("breakers", self.breakers.snapshot(now))
             self.journal.put("last_cycle", {"at": now, "summary": line})
         return cycle
 

@@ -210,3 +210,38 @@ def test_target_cpus_packs_small_pilots() -> None:
     cfg = config(site(cpus=16, target_cpus=4, max_submit=10))
     result = plan(snap([(ONE, 8)]), cfg, NOW)
     assert [(s.count, s.cpus) for s in submits(result)] == [(2, 4)]
+
+
+def test_open_circuit_breaker_sends_the_demand_elsewhere() -> None:
+    from dataclasses import replace
+
+    cfg = config(site("a", weight=5, cpus=1), site("b", weight=1, cpus=1))
+    s = snap([(ONE, 3)], sites=("a", "b"))
+    blocked = replace(s, sites=(replace(s.sites[0], max_new=0), s.sites[1]))
+    result = plan(blocked, cfg, NOW)
+    assert {x.site: x.count for x in submits(result)} == {"b": 3}
+    small_b = config(site("a", weight=5, cpus=1), site("b", weight=1, cpus=1, max_submit=1))
+    left_over = plan(blocked, small_b, NOW)
+    assert next(x for x in left_over.summary if x.site == "a").capped == "circuit breaker"
+    probing = replace(s, sites=(replace(s.sites[0], max_new=1), s.sites[1]))
+    assert {x.site: x.count for x in submits(plan(probing, cfg, NOW))} == {"a": 1, "b": 2}
+
+
+def test_pilot_drained_by_someone_else_is_cancelled_once_it_runs_nothing() -> None:
+    from provisioner.model import Cancel
+
+    cfg = config(site(cpus=4, memory_mb=8000))
+    drained = pilot("7", PilotState.DRAINING, cpus=4, memory_mb=8000, free_cpus=4,
+                    free_mem=8000)
+    first = plan(snap([], [drained]), cfg, NOW)
+    assert [type(a).__name__ for a in first.actions] == ["Flag"]
+    flagged, idle_cycles = carry_over(snap([], [drained]), first, NOW)
+    later = snap([], [drained], flagged=flagged)
+    later = later.__class__(**{**later.__dict__, "idle_cycles": idle_cycles})
+    second = plan(later, cfg, NOW + 30)
+    assert [type(a).__name__ for a in second.actions] == ["Cancel"]
+    assert isinstance(second.actions[0], Cancel) and "drained" in second.actions[0].reason
+    # Still running a job: never cancelled, and unflagged.
+    busy = pilot("7", PilotState.DRAINING, cpus=4, memory_mb=8000, free_cpus=0, free_mem=0)
+    again = plan(snap([], [busy], flagged=flagged), cfg, NOW + 30)
+    assert [type(a).__name__ for a in again.actions] == ["Unflag"]

@@ -165,12 +165,16 @@ def test_pilot_actions_respect_state(sc: tuple[Snapshot, Config]) -> None:
         p = a.pilot
         seen[p.key] += 1
         assert p.site in known, "no pilot action at an unknown site"
-        if isinstance(a, (Flag, Release)):
-            assert p.state is PilotState.IDLE, "only idle pilots are flagged or released"
+        drained_empty = p.state is PilotState.DRAINING and p.free_cpus >= p.cpus
+        if isinstance(a, Release):
+            assert p.state is PilotState.IDLE, "only idle pilots are released"
+        if isinstance(a, Flag):
+            assert p.state is PilotState.IDLE or drained_empty, \
+                "only idle or drained-and-empty pilots are flagged"
         if isinstance(a, Cancel):
-            # pending, or running at the site for longer than the start timeout
-            # without ever joining the pool (never an idle or busy pilot)
-            assert p.state is PilotState.PENDING or (
+            # pending; running at the site for longer than the start timeout without
+            # ever joining the pool; or drained with nothing running (never busy)
+            assert p.state is PilotState.PENDING or drained_empty or (
                 p.state is PilotState.STARTING and p.started_at is not None
                 and NOW - p.started_at > cfg.policy.start_timeout_s)
         if isinstance(a, Unflag):

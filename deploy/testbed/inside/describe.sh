@@ -1,24 +1,29 @@
 #!/bin/bash
 # What runs where, printed after `testbed up`.
 cat <<'TXT'
-The testbed is up (private network namespace, host name "testbed", loopback only):
+The testbed is up: one network namespace and host name per host, a bridge per
+site, the WAN routed (and shaped) in between.
 
-  HTCondor central manager   collector+CCB 127.0.0.1:9618 (shared port), negotiator, schedd
-                             config /etc/condor/config.d/{20-central-manager,90-testbed}.conf
-                             identities: alice (local, FS), provisioner@testbed
-                             (/etc/provisioner/tokens.d/provisioner), pilot@testbed
-                             (/etc/provisioner/pilot.token, owned by the pilot account)
-  SLURM site "gsi"           slurmctld 127.0.0.1:6817, nodes gsi-n1:6821 gsi-n2:6822 (4 CPU, 8000 MB)
-                             partitions main (8 h, default) and debug (30 min)
-                             SLURM_CONF=/etc/slurm-gsi/slurm.conf (the default)
-  SLURM site "frankfurt"     slurmctld 127.0.0.1:6917, nodes fra-n1:6931 fra-n2:6932 (4 CPU, 8000 MB)
-                             partition general1 (2 days, whole nodes only)
-                             SLURM_CONF=/etc/slurm-frankfurt/slurm.conf
-  Apptainer                  pilot image /opt/images/pilot.sif, usable by the "pilot" account
-  XRootD origin ("GSI")      root://127.0.0.1:1094//data/  (files and SHA256SUMS in /srv/origin/data)
-  XCache ("Frankfurt")       root://127.0.0.1:1095//root://127.0.0.1:1094//data/<file>  (cache /srv/xcache)
+  cm           10.10.0.10  collector+CCB cm:9618 (shared port), negotiator, schedd;
+                           alice submits here; the provisioner runs here as "provisioner"
+                           (token /etc/provisioner/tokens.d/provisioner, SSH key and
+                           known_hosts in /etc/provisioner/ssh/)
+  gsi-login    10.10.1.10  slurmctld :6817 (cluster "gsi": partitions main 8 h, debug
+                           30 min, shared nodes), sshd (key only, account pilot)
+  gsi-n1, -n2  10.10.1.11-12  slurmd, 4 CPU / 8000 MB each; pilots run here
+  gsi-storage  10.10.1.20  XRootD origin root://gsi-storage:1094//data/
+  fra-login    10.10.2.10  slurmctld :6917 (cluster "frankfurt": general1 2 days,
+                           whole nodes), sshd
+  fra-n1, -n2  10.10.2.11-12  slurmd, 4 CPU / 8000 MB each
+  fra-cache    10.10.2.20  XCache root://fra-cache:1094//root://gsi-storage:1094//data/<file>
 
-  accounts: alice (submits jobs), pilot (runs pilot SLURM jobs); the repository is at /src
-  enter:    deploy/testbed/testbed shell [alice|pilot]
-  logs:     /var/log/{condor,slurm,xrootd}/ inside; init log in the state directory's log/
+  Workers accept no connection from outside their site (nftables): pilots join
+  through CCB. Pilot image /opt/images/pilot.sif (Apptainer, account pilot).
+
+  hosts:    deploy/testbed/testbed hosts
+  enter:    deploy/testbed/testbed shell [HOST] [alice|pilot|provisioner]
+  run:      deploy/testbed/testbed exec [HOST] [-u USER] -- CMD
+  WAN:      deploy/testbed/testbed wan 100mbit|off
+  logs:     /var/log/{condor,slurm,xrootd}/ inside; init and sshd logs in the state
+            directory's log/; the repository is at /src on every host
 TXT
