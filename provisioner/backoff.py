@@ -27,7 +27,7 @@ class SiteBackoff:
         """Record a failure; returns the seconds until the next try."""
         n = self.failures.get(site, 0) + 1
         self.failures[site] = n
-        delay = min(self.max_s, self.base_s * 2 ** (n - 1))
+        delay = float(min(self.max_s, self.base_s * 2.0 ** (n - 1)))
         self.retry_at[site] = now + delay
         return delay
 

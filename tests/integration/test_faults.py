@@ -272,3 +272,80 @@ def test_pilot_reaching_walltime_with_a_job_that_stated_no_runtime() -> None:
         print(f"--- service log ({svc.log}) ---\n{svc.text()}")
         clean_pool()
     assert_completed("walltime", 1, may_requeue=True)
+
+
+def _black_hole(data: dict) -> None:
+    """Frankfurt's pilots point at an image that does not exist: they start and die."""
+    data["policy"]["breaker"] = {"threshold": 2, "base_s": 60, "max_s": 600}
+    for site in data["sites"]:
+        if site["name"] == "frankfurt":
+            site["image"] = "/opt/images/missing.sif"
+
+
+def test_black_hole_site_is_put_behind_a_circuit_breaker() -> None:
+    clean_pool()
+    directory = service_dir()
+    config = write_config(directory, _black_hole)
+    svc = Service(config, directory / "service.log")
+    cluster = submit("blackhole", 8, 20)
+    try:
+        with SiteWatch() as watch:
+            svc.start()
+            wait_for("the breaker open", lambda: "circuit breaker OPEN" in svc.text(), 120)
+            status = run(["/opt/venv/bin/provisioner", "-c", str(config), "status"],
+                         user="provisioner").stdout
+            assert "frankfurt: ok;" in status and "circuit breaker open" in status, status
+            # After the pause one pilot tests the site; it dies too: a longer pause.
+            wait_for("a failed test", lambda: "circuit breaker OPEN for 120 s" in svc.text(),
+                     200, step=2)
+            wait_for("all jobs done at gsi", lambda: jobs_left(cluster) == 0, 240, step=2)
+            assert_converged(svc, watch)
+        # Two pilots opened it, one tested it: Frankfurt was not fed more.
+        assert len(watch.seen["frankfurt"]) <= 4, watch.seen
+        assert "half-open" in svc.text()
+    finally:
+        svc.stop()
+        print(f"--- service log ({svc.log}) ---\n{svc.text()}")
+        clean_pool()
+    assert_completed("blackhole", 8)
+
+
+def _admin_drain(startd: str) -> None:
+    """The site's admin drains a pilot (graceful, no exit), as the pilot account on
+    its node with the pilot's own configuration, like any condor_drain there."""
+    name, host = startd.split("@")
+    site, job_id = name.removeprefix("pilot-").rsplit("-", 1)
+    workdir = f"/tmp/pilot-{site}-{job_id}"
+    run(["apptainer", "-s", "exec", "--cleanenv", "--no-home", "--bind", workdir, "--env",
+         f"CONDOR_CONFIG={workdir}/condor_config", "/opt/images/pilot.sif", "condor_drain",
+         "-graceful", "-reason", "maintenance by the site", startd],
+        user="pilot", host=host)
+
+
+def test_pilot_drained_by_an_admin_is_cancelled_once_its_jobs_are_done(
+        service: Service) -> None:
+    cluster = submit("drained", 1, 30)
+    with SiteWatch() as watch:
+        service.start()
+        startd = wait_for("the job running", lambda: _running_on(cluster), 120)[0]  # type: ignore[index]
+        _admin_drain(startd)
+        key = "/".join(startd.split("@")[0].removeprefix("pilot-").rsplit("-", 1))
+        wait_for("the job done", lambda: jobs_left(cluster) == 0, 120, step=2)
+        wait_for("the drained pilot cancelled", lambda: f"cancel {key}" in
+                 "".join(service.cycles()), 90)
+        assert_converged(service, watch)
+    assert_completed("drained", 1)  # the drain let it finish; the provisioner killed nothing
+
+
+def test_second_service_for_the_same_id_refuses_to_start(service: Service) -> None:
+    service.start()
+    wait_for("the first service cycling", lambda: service.cycles(), 60)
+    second = run(["/opt/venv/bin/provisioner", "-c", str(service.config), "run"],
+                 user="provisioner", check=False, timeout=60)
+    assert second.returncode == 3, second.stdout + second.stderr
+    assert "another provisioner service holds" in second.stderr and "(pid " in second.stderr
+    # A killed service's lock never blocks its restart.
+    service.kill9()
+    service.start()
+    wait_for("the restarted service cycling", lambda: len(
+        [c for c in service.cycles() if "cycle 1 " in c]) >= 2, 60)
