@@ -54,6 +54,8 @@ log = logging.getLogger(__name__)
 #: pilot that still advertises itself, not draining, this long after the
 #: release refused it (it took a job) and is forgotten.
 LINGER_S = 60.0
+#: SLURM sends a job's warning signal (--signal) up to this much before the time asked.
+SLURM_SIGNAL_SLOP_S = 60
 
 
 @dataclass
@@ -290,7 +292,9 @@ class Provisioner:
             site = key.split("/", 1)[0]
             if site not in jobs or key in live:
                 continue
-            margin = self.config.site(site).pilot.shutdown_margin_s
+            # SLURM's warning signal comes shutdown_margin_s before the end, up to
+            # 60 s early (its resolution); the pilot stops on it.
+            margin = self.config.site(site).pilot.shutdown_margin_s + SLURM_SIGNAL_SLOP_S
             if end is not None and now >= end - margin:
                 log.warning("pilot %s reached its walltime with jobs running (jobs that state "
                             "no +MaxRuntime can be cut off); HTCondor runs them again", key)
