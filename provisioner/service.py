@@ -408,7 +408,12 @@ class Provisioner:
         return outcomes
 
     # --- one cycle -------------------------------------------------------
-    def run_cycle(self, reason: str = "manual", dry_run: bool = False) -> CycleResult:
+    def run_cycle(self, reason: str = "manual", dry_run: bool = False,
+                  started: float | None = None) -> CycleResult:
+        """One full cycle. `started` is when the check that asked for it ran (the
+        cadence counts from there: a cycle stamped after observing would make the
+        next quick check come a few ms short of its interval, and wait one more)."""
+        started = self.clock() if started is None else started
         t0 = time.monotonic()
         obs = self.observe()
         t1 = time.monotonic()
@@ -420,7 +425,7 @@ class Provisioner:
             cycle.outcomes = self.act(obs, result)
             self.flagged, self.idle_cycles = planner.carry_over(obs.snapshot, result, now)
             self.last_mark = CycleMark(
-                at=now, idle_jobs=sum(d.idle for d in obs.snapshot.demand),
+                at=started, idle_jobs=sum(d.idle for d in obs.snapshot.demand),
                 # As the quick check sees them (a ghost ad included), or a ghost
                 # would look newly idle at every check.
                 idle_pilots=idle_ad_keys(obs.ads),
@@ -457,7 +462,7 @@ class Provisioner:
         reason = cycle_due(now, Probe(idle, idle_pilots), self.last_mark, self.config.policy)
         if not reason:
             return None
-        return self.run_cycle(reason)
+        return self.run_cycle(reason, started=now)
 
 
 def action_target(text: str) -> tuple[str, str]:

@@ -13,7 +13,7 @@ from provisioner.condor import PilotAd, PoolUnreachable, QueueView
 from provisioner.config import parse_config
 from provisioner.journal import Journal
 from provisioner.model import Demand, JobShape, PilotState, Plan, Release, Submit
-from provisioner.service import LINGER_S, Provisioner
+from provisioner.service import LINGER_S, Provisioner, describe
 from provisioner.sites.base import SiteJob, SiteJobState, Transient, Unreachable
 
 CONFIG = """
@@ -275,3 +275,27 @@ def test_a_ghost_ad_does_not_make_every_quick_check_a_cycle(world) -> None:  # t
     for _ in range(5):
         clock.t += 30
         assert prov.tick() is None
+
+
+def test_flag_then_release_takes_one_quick_check_not_two(world) -> None:  # type: ignore[no-untyped-def]
+    prov, pool, backends, clock = world
+    q = prov.config.policy.quick_check_s
+    backends["gsi"].jobs = [running_job("7")]
+    pool.ads = {"gsi/7": idle_ad("7")}
+    real = clock.__class__.__call__
+
+    def slow_clock(self):  # type: ignore[no-untyped-def]
+        self.t += 0.004  # every read of the clock during a cycle takes a little time
+        return real(self)
+
+    clock.__class__.__call__ = slow_clock  # type: ignore[method-assign]
+    try:
+        clock.t = 1000.0  # the scheduler's tick
+        first = prov.tick()
+        assert first is not None and "flag gsi/7" in [describe(a) for a in first.plan.actions]
+        clock.t = 1000.0 + q  # its next tick, one quick check later
+        second = prov.tick()
+        assert second is not None and second.reason == "confirm flagged pilots"
+        assert "release gsi/7" in [describe(a) for a in second.plan.actions]
+    finally:
+        clock.__class__.__call__ = real  # type: ignore[method-assign]
