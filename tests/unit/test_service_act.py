@@ -290,10 +290,10 @@ def test_flag_then_release_takes_one_quick_check_not_two(world) -> None:  # type
 
     clock.__class__.__call__ = slow_clock  # type: ignore[method-assign]
     try:
-        clock.t = 1000.0  # the scheduler's tick
+        clock.t = 10_000.0  # the scheduler's tick
         first = prov.tick()
         assert first is not None and "flag gsi/7" in [describe(a) for a in first.plan.actions]
-        clock.t = 1000.0 + q  # its next tick, one quick check later
+        clock.t = 10_000.0 + q  # its next tick, one quick check later
         second = prov.tick()
         assert second is not None and second.reason == "confirm flagged pilots"
         assert "release gsi/7" in [describe(a) for a in second.plan.actions]
