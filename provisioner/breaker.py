@@ -40,27 +40,36 @@ class SiteBreakers:
     base_s: float = 600.0
     max_s: float = 4 * 3600.0
     states: dict[str, BreakerState] = field(default_factory=dict)
-    running: dict[str, bool] = field(default_factory=dict)  # pilot key -> joined yet
+    tracked: dict[str, bool] = field(default_factory=dict)  # pilot key -> joined yet
 
     def state(self, site: str) -> BreakerState:
         return self.states.setdefault(site, BreakerState())
 
-    def observe(self, site: str, running: Iterable[str], live: Iterable[str],
-                joined: Iterable[str], now: float) -> list[str]:
-        """One cycle's view of a known site: keys of its pilots running in SLURM, of
-        all its live SLURM jobs, and of its pilots with a startd ad. Returns the
-        transitions, one line each, for the log."""
+    def track(self, keys: Iterable[str]) -> None:
+        """Pilots that exist at their site (just submitted, or seen in its queue)."""
+        for key in keys:
+            self.tracked.setdefault(key, False)
+
+    def withdraw(self, key: str) -> None:
+        """The provisioner cancelled this pilot before it could join: no verdict."""
+        self.tracked.pop(key, None)
+
+    def observe(self, site: str, live: Iterable[str], joined: Iterable[str],
+                now: float) -> list[str]:
+        """One cycle's view of a known site: keys of its live SLURM jobs and of its
+        pilots with a startd ad. A tracked pilot gone from SLURM is a success if it
+        ever joined, else a failure (even one that lived only between two cycles).
+        Returns the transitions, one line each, for the log."""
         live_set = set(live)
         joined_set = set(joined)
-        for key in running:
-            self.running.setdefault(key, False)
+        self.track(live_set)
         events = []
-        for key in [k for k in self.running if k.split("/", 1)[0] == site]:
+        for key in [k for k in self.tracked if k.split("/", 1)[0] == site]:
             if key in joined_set:
-                self.running[key] = True
+                self.tracked[key] = True
             if key in live_set:
                 continue
-            ok = self.running.pop(key)
+            ok = self.tracked.pop(key)
             events += self._success(site) if ok else self._failure(site, key, now)
         st = self.state(site)
         if st.open_until is not None and now >= st.open_until:

@@ -267,11 +267,9 @@ class Provisioner:
         """Feed the site's circuit breaker (only when the pool is known: a missing ad
         must mean "never joined"); its limit on new pilots this cycle."""
         if ads is not None:
-            keys = [f"{site}/{j.job_id}" for j in site_jobs]
-            running = [k for k, j in zip(keys, site_jobs, strict=True)
-                       if j.state is SiteJobState.RUNNING]
+            live = [f"{site}/{j.job_id}" for j in site_jobs]
             joined = [k for k, a in ads.items() if a.site == site]
-            for event in self.breakers.observe(site, running, keys, joined, now):
+            for event in self.breakers.observe(site, live, joined, now):
                 log.warning("%s", event)
         untested = sum(1 for p in merged if p.state in (PilotState.PENDING,
                                                          PilotState.STARTING))
@@ -323,6 +321,7 @@ class Provisioner:
         finally:
             if ids:
                 self.last_submit[action.site] = self.clock()
+                self.breakers.track(f"{action.site}/{i}" for i in ids)
         return f"submitted {ids}"
 
     def _release(self, action: Release,
@@ -390,6 +389,8 @@ class Provisioner:
                     outcome = self._release(action, fresh)
                 elif isinstance(action, Cancel):
                     pending = action.pilot.state is PilotState.PENDING
+                    if pending:  # withdrawn, not failed (if it started meanwhile, it
+                        self.breakers.withdraw(action.pilot.key)  # stays and is re-tracked)
                     self.backends[action.pilot.site].cancel(action.pilot.job_id,
                                                             only_pending=pending)
                     outcome = "cancelled if still pending" if pending else "cancelled"
