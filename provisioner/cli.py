@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from typing import NoReturn
 
 from provisioner.config import Config, ConfigError, field_location, load_config
@@ -40,8 +42,9 @@ def _load(path: str) -> Config:
     return config
 
 
-def _lock(config: Config) -> ServiceLock:
-    """Hold this provisioner id's lock for the life of the process, or exit 3."""
+@contextlib.contextmanager
+def _locked(config: Config) -> Iterator[None]:
+    """Hold this provisioner id's lock while the block runs, or exit 3."""
     lock = ServiceLock(config.lock_file or lock_path(config.journal, config.pool.provisioner_id))
     try:
         lock.acquire()
@@ -49,7 +52,10 @@ def _lock(config: Config) -> ServiceLock:
         _fail([str(exc)], code=3)
     except OSError as exc:
         _fail([f"cannot take the service lock {lock.path}: {exc.strerror or exc}"], code=3)
-    return lock
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
@@ -145,21 +151,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.config}: ok ({len(config.sites)} site(s): {', '.join(config.site_names)})")
         return 0
     if args.command == "once":
-        lock = None if args.dry_run else _lock(config)
-        try:
+        with contextlib.nullcontext() if args.dry_run else _locked(config):
             return cmd_once(config, args.dry_run)
-        finally:
-            if lock:
-                lock.release()
     if args.command == "status":
         return cmd_status(config)
     from provisioner.service import Provisioner, run_forever
 
-    lock = _lock(config)
-    try:
+    with _locked(config):
         run_forever(Provisioner(config))
-    finally:
-        lock.release()
     return 0
 
 

@@ -16,6 +16,7 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
+import htcondor2 as htcondor
 import pytest
 from conftest import LOGIN, SITES, run, slurm
 from servicectl import (
@@ -108,7 +109,7 @@ def test_pool_daemon_restarted_while_jobs_run(service: Service, daemon: str) -> 
     cluster = submit(f"restart-{daemon}", 4, 60)
     with SiteWatch() as watch:
         service.start()
-        wait_for("jobs running", lambda: _running(cluster) >= 2, 120)
+        wait_for("jobs running", lambda: len(_running_on(cluster)) >= 2, 120)
         # The pool's administrator restarts it (root on cm authenticates with FS).
         run(["condor_restart", "-daemon", daemon],
             env={"_CONDOR_SEC_CLIENT_AUTHENTICATION_METHODS": "FS"})
@@ -117,13 +118,6 @@ def test_pool_daemon_restarted_while_jobs_run(service: Service, daemon: str) -> 
     # No job evicted: no busy pilot was released or cancelled while the pool was
     # half-visible.
     assert_completed(f"restart-{daemon}", 4)
-
-
-def _running(cluster: str) -> int:
-    import htcondor2 as htcondor
-
-    return len(htcondor.Schedd().query(constraint=f"ClusterId == {cluster} && JobStatus == 2",
-                                       projection=["ProcId"]))
 
 
 def _slurmctld(site: str, start: bool) -> None:
@@ -216,8 +210,6 @@ def _kill_pilot_processes(host: str) -> int:
 
 def _running_on(cluster: str) -> list[str]:
     """Startd names ("pilot-<site>-<job>@<host>") running the cluster's jobs."""
-    import htcondor2 as htcondor
-
     ads = htcondor.Schedd().query(constraint=f"ClusterId == {cluster} && JobStatus == 2",
                                   projection=["RemoteHost"])
     return [ad["RemoteHost"].split("@", 1)[1] for ad in ads if "RemoteHost" in ad]
