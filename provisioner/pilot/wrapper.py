@@ -294,7 +294,9 @@ class Pilot:
             return
         dest = self.p.log_dir / self.p.name
         try:
-            shutil.copytree(self.workdir / "local" / "log", dest, dirs_exist_ok=True)
+            # A core dump holds the daemon's memory, token included: never copied.
+            shutil.copytree(self.workdir / "local" / "log", dest, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns("core", "core.*"))
         except OSError as exc:
             log.warning("could not copy logs to %s: %s", dest, exc)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import CONFIG, run, service_config
+from conftest import CONFIG, ROOT_TOKEN_DIR, run, service_config
 from test_loop import clean_pool, jobs_left, submit, wait_for
 
 from provisioner.config import parse_config
@@ -21,6 +21,8 @@ def config_with(tmp_path: Path, edit: dict[str, object] | None = None,
                 site_edit: dict[str, dict[str, object]] | None = None) -> Path:
     data = yaml.safe_load(Path(CONFIG).read_text())
     data["journal"] = ""
+    # These tests run the provisioner in-process as root: root's copy of its token.
+    data["pool"]["token_file"] = f"{ROOT_TOKEN_DIR}/provisioner"
     for key, value in (edit or {}).items():
         section, field = key.split(".")
         data[section][field] = value

@@ -115,6 +115,13 @@ def test_pool_daemon_restarted_while_jobs_run(service: Service, daemon: str) -> 
             env={"_CONDOR_SEC_CLIENT_AUTHENTICATION_METHODS": "FS"})
         wait_for("all jobs done", lambda: jobs_left(cluster) == 0, 300, step=2)
         assert_converged(service, watch)
+    if daemon == "collector":
+        # A restarted collector hears from the negotiator only at its next update
+        # (5 minutes); the next tests expect the pool whole, so ask for it now.
+        run(["condor_reconfig"], env={"_CONDOR_SEC_CLIENT_AUTHENTICATION_METHODS": "FS"})
+        wait_for("every pool daemon advertised again", lambda: all(
+            htcondor.Collector().locateAll(d) for d in (htcondor.DaemonType.Negotiator,
+                                                         htcondor.DaemonType.Schedd)), 60)
     # No job evicted: no busy pilot was released or cancelled while the pool was
     # half-visible.
     assert_completed(f"restart-{daemon}", 4)

@@ -141,6 +141,7 @@ def service(clean: None, tmp_path: Path) -> Iterator[Path]:
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
+        print(f"--- service log ---\n{logfile.read_text(errors='replace')}")
 
 
 def cycle_lines(logfile: Path) -> list[str]:
