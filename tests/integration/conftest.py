@@ -81,10 +81,12 @@ def run(
 
 def service_config(path: str = CONFIG) -> Config:
     """The testbed's configuration for a provisioner run by the tests as root:
-    the same, with root's copy of the provisioner token."""
+    the same, with root's copy of the provisioner token and a journal of its own
+    in memory (a root-owned file in the service's journal directory would lock
+    the real service out of it)."""
     config = load_config(path)
     pool = config.pool.model_copy(update={"token_file": f"{ROOT_TOKEN_DIR}/provisioner"})
-    return config.model_copy(update={"pool": pool})
+    return config.model_copy(update={"pool": pool, "journal": "", "lock_file": ""})
 
 
 def slurm_env(site: str) -> dict[str, str]:

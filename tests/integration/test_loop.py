@@ -8,18 +8,16 @@ released, and nothing is left in squeue.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import signal
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import htcondor2 as htcondor
 import pytest
-from conftest import CONFIG, SITES, run, service_config, slurm
+from conftest import SITES, run, service_config, slurm
+from servicectl import Service, service_dir, write_config
 
 from provisioner.model import Flag, PilotState, Release, Submit, Unflag
 from provisioner.service import CycleResult, Provisioner
@@ -130,18 +128,15 @@ def assert_clean_completion(name: str, count: int, outputs: bool = True) -> None
 @pytest.fixture
 def service(clean: None, tmp_path: Path) -> Iterator[Path]:
     """`provisioner run` as a real background service, as its own unprivileged
-    account (as the systemd unit runs it); yields its log file."""
-    logfile = tmp_path / "service.log"
-    with logfile.open("w") as f:
-        proc = subprocess.Popen(["runuser", "-u", "provisioner", "--",
-                                 "/opt/venv/bin/provisioner", "-c", CONFIG, "run"], stdout=f,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+    account (as the systemd unit runs it), with a journal of its own; yields its
+    log file."""
+    svc = Service(write_config(service_dir()), tmp_path / "service.log")
+    svc.start()
     try:
-        yield logfile
+        yield svc.log
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
-        print(f"--- service log ---\n{logfile.read_text(errors='replace')}")
+        svc.stop()
+        print(f"--- service log ---\n{svc.text()}")
 
 
 def cycle_lines(logfile: Path) -> list[str]:
