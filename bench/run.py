@@ -18,10 +18,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.sim import POLICIES, TRACES, RunResult, run_scenario  # noqa: E402
+from bench.sim.synthetic import synthetic_snapshot  # noqa: E402
 from provisioner.config import ReserveConfig  # noqa: E402
 from provisioner.plan import plan  # noqa: E402
-from provisioner.sim import POLICIES, TRACES, RunResult, run_scenario  # noqa: E402
-from provisioner.sim.synthetic import synthetic_snapshot  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 SEED = 1

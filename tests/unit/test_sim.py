@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from bench.sim import TRACES, run_scenario
+from bench.sim.results import RunResult
+from bench.sim.traces import HOUR
 from provisioner.cadence import CycleMark, Probe, cycle_due
 from provisioner.config import PolicyConfig
-from provisioner.sim import TRACES, run_scenario
-from provisioner.sim.results import RunResult
-from provisioner.sim.traces import HOUR
 
 SHORT = 6 * HOUR
 
@@ -68,8 +68,8 @@ def test_cadence_rules() -> None:
 def test_recent_departures_match_the_queue_size_one_window_back() -> None:
     """The simulator's departures equal what the service derives: queue size one window
     ago minus the jobs still queued that were submitted before the window."""
-    from provisioner.sim.scenarios import default_config, default_sites, make_policy
-    from provisioner.sim.world import World
+    from bench.sim.scenarios import default_config, default_sites, make_policy
+    from bench.sim.world import World
 
     sites = default_sites()
     config = default_config(sites)

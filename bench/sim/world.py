@@ -25,6 +25,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from bench.sim.results import RunResult, Sample, summarize
+from bench.sim.traces import HOUR, JobSpec
 from provisioner.config import Config, SiteConfig
 from provisioner.model import (
     Action,
@@ -39,8 +41,6 @@ from provisioner.model import (
     Submit,
     round_memory,
 )
-from provisioner.sim.results import RunResult, Sample, summarize
-from provisioner.sim.traces import HOUR, JobSpec
 
 
 @dataclass(frozen=True)

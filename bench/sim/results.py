@@ -6,10 +6,10 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from provisioner.sim.traces import HOUR
+from bench.sim.traces import HOUR
 
 if TYPE_CHECKING:
-    from provisioner.sim.world import World
+    from bench.sim.world import World
 
 
 @dataclass

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from bench.sim.policies import CobaldPolicy, PlanPolicy, PrototypePolicy
+from bench.sim.results import RunResult
+from bench.sim.traces import TRACES
+from bench.sim.world import Policy, SiteModel, World
 from provisioner.config import (
     CapsConfig,
     Config,
@@ -10,10 +14,6 @@ from provisioner.config import (
     ReserveConfig,
     SiteConfig,
 )
-from provisioner.sim.policies import CobaldPolicy, PlanPolicy, PrototypePolicy
-from provisioner.sim.results import RunResult
-from provisioner.sim.traces import TRACES
-from provisioner.sim.world import Policy, SiteModel, World
 
 POLICIES = ("prototype", "cobald", "ours")
 

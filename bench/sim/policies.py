@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from bench.sim.world import SimPilot, SiteModel, World
 from provisioner.cadence import CycleMark, Probe, cycle_due
 from provisioner.config import Config
 from provisioner.model import Action, PilotState, Release, Submit
 from provisioner.plan import carry_over, plan
-from provisioner.sim.world import SimPilot, SiteModel, World
 
 
 class PlanPolicy:
