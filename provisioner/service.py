@@ -16,11 +16,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from provisioner import plan as planner
-from provisioner.arrivals import QueueHistory, departures
-from provisioner.cadence import CycleMark, Probe, cycle_due
+from provisioner.cadence import Probe
 from provisioner.condor import PilotAd, Pool, PoolUnreachable
 from provisioner.config import Config
+from provisioner.controller import Controller, PoolView, QueueSize
 from provisioner.journal import Journal
 from provisioner.model import (
     Cancel,
@@ -46,19 +45,6 @@ from provisioner.sites.base import (
 )
 
 log = logging.getLogger(__name__)
-
-#: A released pilot whose startd ad has been gone this long, on which the
-#: schedd runs no job, and whose SLURM job lingers, is cancelled. A released
-#: pilot that still advertises itself, not draining, this long after the
-#: release refused it (it took a job) and is forgotten.
-LINGER_S = 60.0
-
-
-@dataclass
-class ReleaseMark:
-    sent_at: float
-    ad_gone_since: float | None = None
-
 
 def runs_jobs(site: str, job_id: str, running_on: frozenset[str]) -> bool:
     """The schedd runs a job on this pilot's startd (named pilot-<site>-<job>@host)."""
@@ -137,6 +123,7 @@ class Observation:
     ads: dict[str, PilotAd]
     jobs: dict[str, list[SiteJob]]
     running_on: frozenset[str] = frozenset()
+    queue: QueueSize | None = None  # None: the schedd could not be read
 
 
 @dataclass
@@ -169,38 +156,44 @@ class Provisioner:
             s.name: make_backend(s, config.pool) for s in config.sites}
         self.journal = journal or Journal(config.journal)
         self.clock = clock
-        self.flagged: dict[str, float] = {}
-        self.idle_cycles: dict[str, int] = {}
-        self.released: dict[str, ReleaseMark] = {}
+        self.controller = Controller(config)
         self.last_jobs: dict[str, list[SiteJob]] = {}
         self.last_submit: dict[str, float] = {}
-        self.last_mark: CycleMark | None = None
-        self.cycles = 0
-        self.history = QueueHistory(config.policy.reserve.window_s)
+
+    # The decision state lives in the controller; these read it.
+    @property
+    def flagged(self) -> dict[str, float]:
+        return self.controller.flagged
+
+    @property
+    def released(self) -> Mapping[str, object]:
+        return self.controller.releases
+
+    @property
+    def cycles(self) -> int:
+        return self.controller.cycles
 
     # --- observe ---------------------------------------------------------
-    def observe(self) -> Observation:
-        now = self.clock()
+    def observe(self, now: float | None = None) -> Observation:
+        """Read the pool and every site at `now` (default: the clock) into a Snapshot;
+        the controller's carried state is not in it (`Controller.prepare` adds it)."""
+        now = self.clock() if now is None else now
         pool_known = True
         demand: tuple[Demand, ...] = ()
         ads: dict[str, PilotAd] = {}
         running_on: frozenset[str] = frozenset()
         arrivals: tuple[Demand, ...] = ()
-        left: int | None = None
-        window = 0.0
-        since, size_then = self.history.baseline(now)
+        size: QueueSize | None = None
+        since = self.controller.arrivals_since(now)
         try:
-            queue = self.pool.queue(since if self.config.policy.reserve.enabled else None)
+            queue = self.pool.queue(since)
             demand, running_on, arrivals = queue.demand, queue.running_on, queue.recent_arrivals
             ads = self.pool.pilot_ads()
         except PoolUnreachable as exc:
             log.error("pool unknown this cycle (no scale-down, no submissions): %s", exc)
             pool_known = False
         else:
-            self.history.record(now, queue.total)
-            if self.config.policy.reserve.enabled:
-                window = now - since
-                left = departures(size_then, queue.older)
+            size = QueueSize(queue.total, queue.older)
         views, pilots, jobs = [], [], {}
         for site in self.config.sites:
             try:
@@ -223,10 +216,8 @@ class Provisioner:
             pilots.extend(merge_pilots(site.name, site_jobs, ads, running_on))
         snapshot = Snapshot(
             demand=demand, pilots=tuple(pilots), sites=tuple(views), pool_known=pool_known,
-            flagged=dict(self.flagged), last_submit=dict(self.last_submit),
-            idle_cycles=dict(self.idle_cycles), recent_arrivals=arrivals,
-            arrival_window_s=window, recent_departures=left)
-        return Observation(snapshot, ads, jobs, running_on)
+            last_submit=dict(self.last_submit), recent_arrivals=arrivals)
+        return Observation(snapshot, ads, jobs, running_on, size)
 
     # --- act -------------------------------------------------------------
     def _submit(self, action: Submit) -> str:
@@ -261,37 +252,26 @@ class Provisioner:
         if ad_busy(ad, running_on) or ad.draining:
             return "skipped: claimed since the snapshot"
         self.backends[action.pilot.site].release(action.pilot.job_id)
-        self.released[key] = ReleaseMark(self.clock())
+        self.controller.released(key, self.clock())
         return "release sent (the pilot drains itself if still idle)"
 
     def _cleanup(self, obs: Observation) -> list[tuple[str, str]]:
-        """Follow released pilots: forget refused releases, cancel the SLURM job of a
-        pilot whose startd is gone (and runs nothing per the schedd) but which lingers."""
-        out = []
-        now = self.clock()
+        """Cancel the SLURM jobs of released pilots the controller says linger."""
+        out: list[tuple[str, str]] = []
         if not obs.snapshot.pool_known:
             return out
-        for key, mark in list(self.released.items()):
+        followed = self.controller.releases
+        view = PoolView(
+            jobs={site: frozenset(j.job_id for j in jobs) for site, jobs in obs.jobs.items()},
+            ads={key: ad.draining for key, ad in obs.ads.items() if key in followed},
+            running=frozenset(key for key in followed
+                              if runs_jobs(*key.split("/", 1), obs.running_on)))
+        for key in self.controller.follow_releases(self.clock(), view):
             site, job_id = key.split("/", 1)
-            if site not in obs.jobs:
-                continue  # site unknown this cycle: decide nothing
-            if not any(j.job_id == job_id for j in obs.jobs[site]):
-                del self.released[key]  # the pilot left, as asked
-                continue
-            ad = obs.ads.get(key)
-            if ad is not None:
-                mark.ad_gone_since = None
-                if not ad.draining and now - mark.sent_at > LINGER_S:
-                    del self.released[key]  # refused: it took a job; it stays a pilot
-                continue
-            if mark.ad_gone_since is None:
-                mark.ad_gone_since = now
-            if runs_jobs(site, job_id, obs.running_on) or now - mark.ad_gone_since <= LINGER_S:
-                continue
             try:
                 self.backends[site].cancel(job_id)
                 out.append((f"cancel {key}", "startd gone after release; job cancelled"))
-                del self.released[key]
+                self.controller.cancelled(key)
             except BackendError as exc:
                 out.append((f"cancel {key}", f"failed: {exc}"))
         return out
@@ -332,26 +312,21 @@ class Provisioner:
         return outcomes
 
     # --- one cycle -------------------------------------------------------
-    def run_cycle(self, reason: str = "manual", dry_run: bool = False) -> CycleResult:
+    def run_cycle(self, reason: str = "manual", dry_run: bool = False,
+                  now: float | None = None) -> CycleResult:
+        """One full cycle. `now` is the cycle's time, taken before observing (default: the
+        clock now), so the cadence counts its periods from when the cycle began."""
+        now = self.clock() if now is None else now
         t0 = time.monotonic()
-        obs = self.observe()
+        obs = self.observe(now)
         t1 = time.monotonic()
-        now = self.clock()
-        result = planner.plan(obs.snapshot, self.config, now)
+        result = self.controller.cycle(obs.snapshot, now, obs.queue, commit=not dry_run)
         t2 = time.monotonic()
         cycle = CycleResult(reason, obs, result)
         if not dry_run:
             cycle.outcomes = self.act(obs, result)
-            self.flagged, self.idle_cycles = planner.carry_over(obs.snapshot, result, now)
-            self.last_mark = CycleMark(
-                at=now, idle_jobs=sum(d.idle for d in obs.snapshot.demand),
-                idle_pilots=frozenset(p.key for p in obs.snapshot.pilots
-                                      if p.state is PilotState.IDLE),
-                flagged=len(self.flagged), unplaced=result.unplaced_jobs,
-                reserve=result.reserve_jobs)
         t3 = time.monotonic()
         cycle.timings = {"observe": t1 - t0, "plan": t2 - t1, "act": t3 - t2}
-        self.cycles += 1
         line = summary_line(cycle)
         log.info("cycle %d (%s): %s", self.cycles, reason, line)
         if not dry_run:
@@ -374,13 +349,13 @@ class Provisioner:
         except PoolUnreachable as exc:
             log.warning("quick check failed: %s", exc)
             idle, idle_pilots = 0, frozenset()
-            if self.last_mark is not None and now - self.last_mark.at < \
-                    self.config.policy.interval_s:
+            mark = self.controller.mark
+            if mark is not None and now - mark.at < self.config.policy.interval_s:
                 return None
-        reason = cycle_due(now, Probe(idle, idle_pilots), self.last_mark, self.config.policy)
+        reason = self.controller.due(now, Probe(idle, idle_pilots))
         if not reason:
             return None
-        return self.run_cycle(reason)
+        return self.run_cycle(reason, now=now)
 
 
 def action_target(text: str) -> tuple[str, str]:

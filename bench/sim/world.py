@@ -148,7 +148,6 @@ class World:
         self.unmatchable: list[SimJob] = []
         self.jobs: list[SimJob] = []  # arrival order
         self._submit_times: list[float] = []  # of self.jobs, ascending
-        self._left: list[tuple[float, float]] = []  # (end, submit) of ended jobs, by end
         self.pilots: dict[int, SimPilot] = {}  # not yet ended
         self.all_pilots: list[SimPilot] = []
         self.pending: dict[str, list[SimPilot]] = {name: [] for name in self.sites}
@@ -208,28 +207,24 @@ class World:
             j.shape for j in self.jobs[first:] if j.end is None)
         return tuple(Demand(s, n) for s, n in shapes.items())
 
-    def recent_departures(self, window_s: float) -> int:
-        """Jobs submitted before the window that left the queue during it: what the
-        service derives from the queue size one window ago (`provisioner.arrivals`)."""
-        since = self.now - window_s
-        first = bisect_left(self._left, (since, -math.inf))
-        return sum(1 for _end, submit in self._left[first:] if submit < since)
+    def queue_size(self, since: float) -> tuple[int, int]:
+        """(jobs in the queue, of which submitted before `since`): what the service counts
+        in its schedd query (`provisioner.condor.QueueView.total`/`older`)."""
+        first = bisect_left(self._submit_times, since)
+        older = sum(1 for j in self.jobs[:first] if j.end is None)
+        return older + sum(1 for j in self.jobs[first:] if j.end is None), older
 
-    def snapshot(self, flagged: dict[str, float] | None = None,
-                 idle_cycles: dict[str, int] | None = None,
-                 arrival_window_s: float = 0.0) -> Snapshot:
+    def snapshot(self, arrivals_since: float | None = None) -> Snapshot:
+        """What the service observes: idle demand, pilots, every site known, and the jobs
+        submitted since `arrivals_since` still in the queue (None: not asked for)."""
         shapes: Counter[JobShape] = Counter(j.shape for j in self.queue)
         shapes.update(j.shape for j in self.unmatchable)
         return Snapshot(
             demand=tuple(Demand(s, n) for s, n in shapes.items()),
             pilots=tuple(self.model_pilot(p) for p in self.pilots.values()),
             sites=tuple(SiteView(name, True) for name in self.sites),
-            flagged=dict(flagged or {}),
-            idle_cycles=dict(idle_cycles or {}),
-            recent_arrivals=self.recent_arrivals(arrival_window_s) if arrival_window_s else (),
-            arrival_window_s=arrival_window_s,
-            recent_departures=(self.recent_departures(arrival_window_s)
-                               if arrival_window_s else None),
+            recent_arrivals=(self.recent_arrivals(self.now - arrivals_since)
+                             if arrivals_since is not None else ()),
         )
 
     # -- actions ------------------------------------------------------------------------------
@@ -310,7 +305,6 @@ class World:
         assert p is not None and job.start is not None
         job.end = self.now
         job.killed = killed
-        self._left.append((self.now, job.spec.submit))
         self.claimed_core_s += job.shape.cpus * (self.now - job.start)
         p.jobs.discard(job)
         p.used_cpus -= job.shape.cpus

@@ -65,9 +65,9 @@ def test_cadence_rules() -> None:
     assert cycle_due(1300, Probe(0), last, pol) == "interval"
 
 
-def test_recent_departures_match_the_queue_size_one_window_back() -> None:
-    """The simulator's departures equal what the service derives: queue size one window
-    ago minus the jobs still queued that were submitted before the window."""
+def test_queue_size_is_what_the_schedd_query_counts() -> None:
+    """The simulator's (total, older) are the jobs still queued, all and those submitted
+    before `since`: what the service counts in its schedd query."""
     from bench.sim.scenarios import default_config, default_sites, make_policy
     from bench.sim.world import World
 
@@ -76,13 +76,8 @@ def test_recent_departures_match_the_queue_size_one_window_back() -> None:
     world = World(sites, config, seed=7)
     jobs = [j for j in TRACES["steady"](7) if j.submit < 3 * HOUR]
     world.run(make_policy("ours", config), jobs, duration=3 * HOUR, drain_s=0)
-    window = 900.0
-    since = world.now - window
-
-    def in_queue_at(t: float) -> int:
-        return sum(1 for j in world.jobs if j.spec.submit <= t and (j.end is None or j.end > t))
-
-    older_now = sum(1 for j in world.jobs if j.spec.submit < since and j.end is None)
-    expected = in_queue_at(since) - older_now
-    assert expected > 0
-    assert world.recent_departures(window) == expected
+    since = world.now - 900.0
+    queued = [j for j in world.jobs if j.end is None]
+    total, older = world.queue_size(since)
+    assert total == len(queued) > 0
+    assert older == sum(1 for j in queued if j.spec.submit < since)

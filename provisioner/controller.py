@@ -1,0 +1,173 @@
+"""The decision state that spans cycles, in one pure object shared by the service and the
+simulator.
+
+`Controller` holds everything a cycle remembers from earlier cycles: pilot flags and their
+idle observations, the cadence mark of the last full cycle, the queue history that sizes the
+reserve's departures, the releases sent and not yet finished. It does no I/O and reads no
+clock: every method takes `now`. The service (`provisioner.service.Provisioner`) observes,
+asks the controller, and acts; the simulator (`bench.sim.policies.PlanPolicy`) does the same
+against its virtual world, so both run the very same cycle.
+
+Contract of one cycle, in order:
+
+1. ``reason = controller.due(now, probe)``: whether a full cycle runs now ("" = not).
+2. ``since = controller.arrivals_since(now)``: the start of the arrival window to query
+   (None: the reserve is off, do not query arrivals).
+3. Observe into a `Snapshot` (its `flagged`/`idle_cycles` are filled in by the controller).
+4. ``plan = controller.cycle(snapshot, now, QueueSize(total, older))``: decides (calls the
+   pure `plan()`) and carries the state over to the next cycle. Apply `plan.actions`.
+5. After a release was sent: ``controller.released(key, now)``; once per cycle, with the
+   pool's view, ``controller.follow_releases(now, view)`` names the SLURM jobs of released
+   pilots to cancel (startd gone, job lingering).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from provisioner.arrivals import QueueHistory, departures
+from provisioner.cadence import CycleMark, Probe, cycle_due
+from provisioner.config import Config
+from provisioner.model import PilotState, Plan, Snapshot
+from provisioner.plan import carry_over, plan
+
+log = logging.getLogger(__name__)
+
+#: A released pilot whose startd ad has been gone this long, on which the schedd runs no
+#: job, and whose SLURM job lingers, is cancelled. A released pilot that still advertises
+#: itself, not draining, this long after the release refused it (it took a job) and is
+#: forgotten.
+LINGER_S = 60.0
+
+
+@dataclass
+class ReleaseMark:
+    """A release sent at `sent_at`; `ad_gone_since` is when its startd ad was first missed."""
+
+    sent_at: float
+    ad_gone_since: float | None = None
+
+
+@dataclass(frozen=True)
+class QueueSize:
+    """The schedd's queue at this cycle: all jobs, and those submitted before the window."""
+
+    total: int
+    older: int
+
+
+@dataclass(frozen=True)
+class PoolView:
+    """What following releases needs to see, per pilot key ("site/job_id").
+
+    `jobs`: the live SLURM job ids of every site read this cycle (unknown sites absent);
+    `ads`: pilot key -> whether its startd ad says draining (keys without an ad absent);
+    `running`: pilot keys on whose startd the schedd runs a job."""
+
+    jobs: Mapping[str, frozenset[str]]
+    ads: Mapping[str, bool]
+    running: frozenset[str] = frozenset()
+
+
+@dataclass
+class Controller:
+    """Pure cycle state; see the module docstring for the calling contract."""
+
+    config: Config
+    flagged: dict[str, float] = field(default_factory=dict)
+    idle_cycles: dict[str, int] = field(default_factory=dict)
+    releases: dict[str, ReleaseMark] = field(default_factory=dict)
+    mark: CycleMark | None = None
+    history: QueueHistory = field(init=False)
+    cycles: int = 0
+
+    def __post_init__(self) -> None:
+        self.history = QueueHistory(self.config.policy.reserve.window_s)
+
+    # -- cadence -----------------------------------------------------------------------
+    def due(self, now: float, probe: Probe) -> str:
+        """Why a full cycle is due at `now` given the cheap `probe`, or ""."""
+        return cycle_due(now, probe, self.mark, self.config.policy)
+
+    # -- the reserve's window ----------------------------------------------------------
+    def arrivals_since(self, now: float) -> float | None:
+        """Start of the arrival window to query at `now`; None when the reserve is off."""
+        if not self.config.policy.reserve.enabled:
+            return None
+        return self.history.baseline(now)[0]
+
+    # -- one cycle -----------------------------------------------------------------------
+    def cycle(self, snapshot: Snapshot, now: float, queue: QueueSize | None = None,
+              commit: bool = True) -> Plan:
+        """Decide this cycle's actions for `snapshot` observed at `now` (the time the cycle
+        began, before observing). `queue` (None: unknown) sizes the reserve's departures.
+        With `commit=False` (a dry run) nothing is remembered."""
+        snap = self.prepare(snapshot, now, queue, commit)
+        result = plan(snap, self.config, now)
+        if commit:
+            self.remember(snap, result, now)
+        return result
+
+    def prepare(self, snapshot: Snapshot, now: float, queue: QueueSize | None = None,
+                commit: bool = True) -> Snapshot:
+        """`snapshot` with the carried state filled in (flags, idle observations, the
+        arrival window and the departures during it)."""
+        window, left = 0.0, None
+        since, size_then = self.history.baseline(now)
+        if snapshot.pool_known and queue is not None:
+            if commit:
+                self.history.record(now, queue.total)
+            if self.config.policy.reserve.enabled:
+                window = now - since
+                left = departures(size_then, queue.older)
+        return replace(snapshot, flagged=dict(self.flagged), idle_cycles=dict(self.idle_cycles),
+                       arrival_window_s=window if snapshot.recent_arrivals else 0.0,
+                       recent_departures=left)
+
+    def remember(self, snapshot: Snapshot, result: Plan, now: float) -> None:
+        """Carry flags and idle observations over and set the cadence mark."""
+        self.flagged, self.idle_cycles = carry_over(snapshot, result, now)
+        self.mark = CycleMark(
+            at=now, idle_jobs=sum(d.idle for d in snapshot.demand),
+            idle_pilots=frozenset(p.key for p in snapshot.pilots if p.state is PilotState.IDLE),
+            flagged=len(self.flagged), unplaced=result.unplaced_jobs,
+            reserve=result.reserve_jobs)
+        self.cycles += 1
+
+    # -- releases ----------------------------------------------------------------------
+    def released(self, key: str, now: float) -> None:
+        """A release of pilot `key` was sent at `now`."""
+        self.releases[key] = ReleaseMark(now)
+
+    def follow_releases(self, now: float, view: PoolView) -> list[str]:
+        """Pilot keys whose SLURM job to cancel now: released, startd ad gone for more than
+        `LINGER_S`, no job running there, job still in SLURM. Releases that finished (job
+        gone) or were refused (ad back, not draining, after `LINGER_S`) are forgotten; sites
+        not read this cycle are left alone. A key returned stays followed until
+        `cancelled(key)` says its cancel went through."""
+        out = []
+        for key, mark in list(self.releases.items()):
+            site, job_id = key.split("/", 1)
+            if site not in view.jobs:
+                continue
+            if job_id not in view.jobs[site]:
+                del self.releases[key]  # the pilot left, as asked
+                continue
+            draining = view.ads.get(key)
+            if draining is not None:
+                mark.ad_gone_since = None
+                if not draining and now - mark.sent_at > LINGER_S:
+                    del self.releases[key]  # refused: it took a job; it stays a pilot
+                continue
+            if mark.ad_gone_since is None:
+                mark.ad_gone_since = now
+            if key in view.running or now - mark.ad_gone_since <= LINGER_S:
+                continue
+            out.append(key)
+        return out
+
+    def cancelled(self, key: str) -> None:
+        """The SLURM job of released pilot `key` was cancelled: stop following it."""
+        self.releases.pop(key, None)
