@@ -163,9 +163,9 @@ def test_reserve_split_gives_rare_shapes_more_than_their_count() -> None:
     """Square-root split: 90 one-core and 10 eight-core arrivals share 19 slots 14 : 5
     (in proportion to the counts it would be 17 : 2, and the rare 8-core jobs would
     mostly find no slot)."""
-    from provisioner.plan import _reserve_rows
+    from provisioner.reserve import reserve_rows
 
     cfg = config(reserve=RES)
     eight = JobShape(8, 16000)
-    rows = _reserve_rows(snap(arrivals=[(ONE, 90), (eight, 10)]), cfg, cfg.sites)
-    assert {(r[0].cpus, r[2]) for r in rows} == {(1, 14), (8, 5)}
+    rows = reserve_rows(snap(arrivals=[(ONE, 90), (eight, 10)]), cfg, cfg.sites)
+    assert {(r.item.cpus, r.jobs) for r in rows} == {(1, 14), (8, 5)}
