@@ -77,6 +77,50 @@ class ReserveConfig(_Model):
     factor: float = Field(default=2.0, ge=0)
     #: Upper bound on reserved job slots (over all sites).
     max_jobs: int = Field(default=64, ge=0)
+    #: Fewer matchable arrivals than this in the window are not a rate: no reserve.
+    min_arrivals: int = Field(default=10, ge=1)
+    #: Arrivals that stopped: once no job has arrived for ``quiet_gaps`` mean gaps between
+    #: arrivals (window / arrivals), the reserve decays by e every ``lead_s``.
+    quiet_gaps: float = Field(default=3.0, gt=0)
+
+
+class PlacementConfig(_Model):
+    """Where new pilots go: the site expected to give a usable slot soonest.
+
+    Per site the controller learns the SLURM queue wait (submit -> start, from squeue) and
+    the boot time (start -> startd in the pool) as moving averages; a site's expected
+    lead is their sum, or the age of its oldest still-pending pilot if longer, divided by
+    its weight (an admin's preference that scales the lead, not an order). Sites whose
+    leads lie within ``tie_share`` of the best share a row's demand in proportion to the
+    pilots they can still take. A site without history is assumed as quick as the
+    quickest known one (at most ``default_wait_s``), so it is tried and learnt.
+    """
+
+    default_wait_s: float = Field(default=120, ge=0)
+    default_boot_s: float = Field(default=90, ge=0)
+    #: Weight of a new observation in the moving averages.
+    smoothing: float = Field(default=0.3, gt=0, le=1)
+    tie_share: float = Field(default=0.25, ge=0)
+    #: A pending pilot counts as capacity until ``hedge_factor`` x the site's expected
+    #: wait + ``hedge_margin_s`` after its submission; then its jobs may be placed at
+    #: another site once (one hedge per pending pilot).
+    hedge_factor: float = Field(default=2.0, ge=1)
+    hedge_margin_s: float = Field(default=300, ge=0)
+    #: A pending pilot no demand needs is cancelled after this many such cycles in a row.
+    pending_cancel_cycles: int = Field(default=3, ge=1)
+
+
+class BreakerConfig(_Model):
+    """Per-site circuit breaker for a "black-hole" site whose pilots start but never join
+    the pool (or exit within ``early_exit_s`` without ever running a job). After
+    ``failures`` such pilots in a row the site gets no submissions for ``backoff_s``
+    (doubling at every reopening, at most ``max_backoff_s``); then one probe pilot is
+    allowed (half-open): if it joins, the breaker closes, if it fails, it reopens."""
+
+    failures: int = Field(default=3, ge=1)
+    backoff_s: float = Field(default=600, gt=0)
+    max_backoff_s: float = Field(default=6 * 3600, gt=0)
+    early_exit_s: float = Field(default=300, ge=0)
 
 
 class PolicyConfig(_Model):
@@ -90,6 +134,8 @@ class PolicyConfig(_Model):
     #: long is cancelled (broken image, authentication failure, unreachable collector).
     start_timeout_s: float = Field(default=900, gt=0)
     reserve: ReserveConfig = ReserveConfig()
+    placement: PlacementConfig = PlacementConfig()
+    breaker: BreakerConfig = BreakerConfig()
 
 
 class PilotShapeConfig(_Model):

@@ -26,12 +26,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from provisioner.arrivals import QueueHistory, departures
+from provisioner.breaker import Breakers
 from provisioner.cadence import CycleMark, Probe, cycle_due
 from provisioner.config import Config
-from provisioner.model import PilotState, Plan, Snapshot
+from provisioner.estimates import Estimates
+from provisioner.model import Cancel, PilotState, Plan, Release, Snapshot
 from provisioner.plan import carry_over, plan
+from provisioner.scaledown import drained_empty
 
 log = logging.getLogger(__name__)
 
@@ -81,10 +85,33 @@ class Controller:
     releases: dict[str, ReleaseMark] = field(default_factory=dict)
     mark: CycleMark | None = None
     history: QueueHistory = field(init=False)
+    estimates: Estimates = field(init=False)
+    breakers: Breakers = field(init=False)
+    unneeded: dict[str, int] = field(default_factory=dict)  # pending key -> cycles unneeded
+    hedged: set[str] = field(default_factory=set)
+    drained: dict[str, int] = field(default_factory=dict)  # drained-empty key -> cycles
+    ours: set[str] = field(default_factory=set)  # pilots we released or cancelled
+    #: circuit-breaker state changes seen by the last cycle (the service logs them)
+    transitions: list[str] = field(default_factory=list)
     cycles: int = 0
 
     def __post_init__(self) -> None:
         self.history = QueueHistory(self.config.policy.reserve.window_s)
+        self.estimates = Estimates(self.config.policy.placement)
+        self.breakers = Breakers(self.config.policy.breaker)
+
+    # -- what survives a restart -------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """JSON-able learnt state: site lead-time estimates and circuit breakers. The
+        service persists it (journal key "controller"); `provisioner status` reads the
+        breakers from there."""
+        return {"estimates": self.estimates.to_dict(), "breakers": self.breakers.status()}
+
+    def load(self, data: dict[str, Any] | None) -> None:
+        """Restore what `state()` returned (missing or malformed parts are ignored)."""
+        data = data or {}
+        self.estimates.load(data.get("estimates") or {})
+        self.breakers.load(data.get("breakers") or {})
 
     # -- cadence -----------------------------------------------------------------------
     def due(self, now: float, probe: Probe) -> str:
@@ -112,8 +139,21 @@ class Controller:
 
     def prepare(self, snapshot: Snapshot, now: float, queue: QueueSize | None = None,
                 commit: bool = True) -> Snapshot:
-        """`snapshot` with the carried state filled in (flags, idle observations, the
-        arrival window and the departures during it)."""
+        """`snapshot` with the carried state filled in: flags, idle observations, the
+        arrival window and the departures during it, the learnt site estimates, pending
+        pilots' unneeded cycles and hedges, circuit-breaker limits, drained pilots. With
+        `commit`, this cycle's pilots are learnt from first."""
+        known = {v.name for v in snapshot.sites if v.known}
+        seen = [p for p in snapshot.pilots if p.site in known]
+        if commit and snapshot.pool_known:
+            self.estimates.observe(seen, now)
+            self.transitions = self.breakers.observe(seen, known, now, self.ours)
+        in_flight: dict[str, int] = {}
+        for p in seen:
+            if p.state in (PilotState.PENDING, PilotState.STARTING):
+                in_flight[p.site] = in_flight.get(p.site, 0) + 1
+        drained = {p.key: self.drained.get(p.key, 0) for p in snapshot.pilots
+                   if drained_empty(p) and p.key not in self.releases}
         window, left = 0.0, None
         since, size_then = self.history.baseline(now)
         if snapshot.pool_known and queue is not None:
@@ -124,11 +164,25 @@ class Controller:
                 left = departures(size_then, queue.older)
         return replace(snapshot, flagged=dict(self.flagged), idle_cycles=dict(self.idle_cycles),
                        arrival_window_s=window if snapshot.recent_arrivals else 0.0,
-                       recent_departures=left)
+                       recent_departures=left, estimates=dict(self.estimates.sites),
+                       unneeded_cycles=dict(self.unneeded), hedged=frozenset(self.hedged),
+                       submit_limit=self.breakers.limits(in_flight), drained_cycles=drained)
 
     def remember(self, snapshot: Snapshot, result: Plan, now: float) -> None:
-        """Carry flags and idle observations over and set the cadence mark."""
+        """Carry flags, idle observations, unneeded and drained counts and hedges over,
+        and set the cadence mark."""
         self.flagged, self.idle_cycles = carry_over(snapshot, result, now)
+        if snapshot.pool_known:
+            known = {v.name for v in snapshot.sites if v.known}
+            present = {p.key for p in snapshot.pilots}
+            kept = {k: n for k, n in snapshot.unneeded_cycles.items()
+                    if k in present and k.split("/", 1)[0] not in known}
+            kept.update({k: snapshot.unneeded_cycles.get(k, 0) + 1 for k in result.unneeded})
+            self.unneeded = kept
+            self.hedged = (self.hedged | set(result.hedges)) & present
+            self.drained = {k: n + 1 for k, n in snapshot.drained_cycles.items()}
+            acted = {a.pilot.key for a in result.actions if isinstance(a, Release | Cancel)}
+            self.ours = (self.ours & present) | acted
         self.mark = CycleMark(
             at=now, idle_jobs=sum(d.idle for d in snapshot.demand),
             idle_pilots=frozenset(p.key for p in snapshot.pilots if p.state is PilotState.IDLE),

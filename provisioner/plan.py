@@ -22,8 +22,9 @@ pilots' capacity still counts.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import product
 
 from provisioner.config import Config, SiteConfig
 from provisioner.matching import (
@@ -39,11 +40,13 @@ from provisioner.model import (
     Pilot,
     PilotState,
     Plan,
+    SiteEstimate,
     SiteSummary,
     Snapshot,
     Submit,
 )
 from provisioner.packing import INF, BinGroup, CapacityIndex, Item, NewPilots
+from provisioner.placement import estimate_of, ranked, shares, site_leads
 from provisioner.reserve import reserve_rows, reserve_size
 from provisioner.scaledown import carry_over, pilot_actions
 
@@ -68,7 +71,7 @@ class SiteRow:
     known: bool  # squeue answered this cycle
     alive: int = 0  # non-ENDING pilots (what max_pilots counts)
     pending: int = 0
-    existing: list[CapacityIndex] = field(default_factory=list)  # one per tier, in order
+    existing: dict[int, CapacityIndex] = field(default_factory=dict)  # tier -> index
     room: dict[str, int] = field(default_factory=dict)  # cap name -> new pilots it allows
     new: NewPilots | None = None
     absorbed: int = 0  # real jobs given to existing capacity
@@ -81,6 +84,11 @@ class SiteRow:
     @property
     def name(self) -> str:
         return self.config.name
+
+    def load(self) -> float:
+        """Share of the site's pilot cap in use, new pilots of this cycle included."""
+        opened = self.new.opened if self.new is not None else 0
+        return (self.alive + opened) / max(1, self.config.caps.max_pilots)
 
 
 def _deadline(p: Pilot, site: SiteConfig, now: float) -> float | None:
@@ -97,10 +105,19 @@ def _deadline(p: Pilot, site: SiteConfig, now: float) -> float | None:
     return end
 
 
-def site_rows(snapshot: Snapshot, config: Config, now: float,
-              registry: list[BinGroup]) -> dict[str, SiteRow]:
+def overdue(p: Pilot, config: Config, estimates: Mapping[str, SiteEstimate],
+            now: float) -> bool:
+    """A pending pilot past its expected start plus the hedge margin."""
+    placement = config.policy.placement
+    est = estimate_of(p.site, estimates, placement)
+    return (p.state is PilotState.PENDING and now - p.submitted_at
+            > placement.hedge_factor * est.wait_s + placement.hedge_margin_s)
+
+
+def site_rows(snapshot: Snapshot, config: Config, now: float, registry: list[BinGroup],
+              skip: frozenset[str] = frozenset()) -> dict[str, SiteRow]:
     """One `SiteRow` per configured site, with its pilot counts and its existing capacity
-    as identical-bin groups (one index per tier, in `_TIERS` order)."""
+    as identical-bin groups (one index per tier); pilots in `skip` are no capacity."""
     known = {v.name: v.known for v in snapshot.sites}
     rows = {s.name: SiteRow(s, known.get(s.name, False)) for s in config.sites}
     tier_of = {state: i for i, state in enumerate(_TIERS)}
@@ -116,7 +133,7 @@ def site_rows(snapshot: Snapshot, config: Config, now: float,
         if p.state is PilotState.PENDING:
             row.pending += 1
         tier = tier_of.get(p.state)
-        if tier is None:
+        if tier is None or p.key in skip:
             continue
         if p.state in whole:
             free = (p.cpus, p.memory_mb, p.gpus)
@@ -128,14 +145,14 @@ def site_rows(snapshot: Snapshot, config: Config, now: float,
         if end is None:
             continue  # within the shutdown margin: not capacity any more
         raw[(p.site, tier)][free].append((end, p))
-    for (site_name, _tier), by_free in sorted(raw.items()):
+    for (site_name, tier), by_free in sorted(raw.items()):
         groups = []
         for (c, m, g), members in by_free.items():
             members.sort(key=_latest_first)  # stable: equal ends keep snapshot order
             untils = [u for u, _p in members]
             groups.append(BinGroup(c, m, g, untils[0], len(members),
                                    [p for _u, p in members], untils=untils))
-        rows[site_name].existing.append(CapacityIndex(groups, registry))
+        rows[site_name].existing[tier] = CapacityIndex(groups, registry)
     return rows
 
 
@@ -145,28 +162,25 @@ def _latest_first(member: tuple[float, Pilot]) -> float:
 
 def fill_existing(rows: Iterable[Row], sites: dict[str, SiteRow], now: float,
                   floor: Item) -> None:
-    """Stage 2: each row's jobs into existing capacity at its sites, in the row's site
-    order, tiers in order."""
+    """Stage 2: each row's jobs into existing capacity, tier by tier (running pilots
+    first, pending last), at its sites in the row's order."""
     for row in rows:
         deadline = now + (row.item.runtime_s or 0)
-        for site_name in row.sites:
-            for bins in sites[site_name].existing:
-                if not bins.may_fit(row.item):
-                    continue  # nothing there can hold this job (cheap pre-check)
-                got = bins.fill(row.item, row.left, deadline, floor)
-                if got:
-                    row.left -= got
-                    if row.reserve:
-                        sites[site_name].absorbed_reserve += got
-                    else:
-                        sites[site_name].absorbed += got
-                if row.left == 0:
-                    break
+        for tier, site_name in product(range(len(_TIERS)), row.sites):
+            bins = sites[site_name].existing.get(tier)
+            if bins is None or not bins.may_fit(row.item):
+                continue  # nothing there can hold this job (cheap pre-check)
+            got = bins.fill(row.item, row.left, deadline, floor)
+            if row.reserve:
+                sites[site_name].absorbed_reserve += got
+            else:
+                sites[site_name].absorbed += got
+            row.left -= got
             if row.left == 0:
                 break
 
 
-def open_sites(sites: dict[str, SiteRow], config: Config) -> None:
+def open_sites(sites: dict[str, SiteRow], snapshot: Snapshot) -> None:
     """Give every site its room for new pilots (the tightest of its caps) and an empty
     `NewPilots`; a site not read this cycle gets none."""
     for s in sites.values():
@@ -176,37 +190,68 @@ def open_sites(sites: dict[str, SiteRow], config: Config) -> None:
             "max_pending": caps.max_pending - s.pending,
             "site max_submit_per_cycle": caps.max_submit_per_cycle,
         }
+        limit = snapshot.submit_limit.get(s.name)
+        if limit is not None:
+            s.room["circuit breaker"] = limit
         allowed = max(0, min(s.room.values())) if s.known else 0
         p = s.config.pilot
         s.new = NewPilots(p.cpus, p.memory_mb, p.gpus, allowed, p.pack_cpus)
 
 
-def fill_new(rows: Iterable[Row], sites: dict[str, SiteRow], global_left: int) -> int:
-    """Stage 3: each row's remaining jobs into new pilots at its sites, in the row's site
-    order, within each site's room and `global_left` new pilots over all sites; returns
-    what is left of `global_left`."""
+def fill_new(rows: Iterable[Row], sites: dict[str, SiteRow], global_left: int,
+             leads: Mapping[str, float], tie_share: float) -> int:
+    """Stage 3: each row's remaining jobs into new pilots, best sites first (`ranked`):
+    sites of one tier share the row in proportion to the pilots they can still take, what
+    one cannot take goes to the others, then to the next tier. Within each site's room
+    and `global_left` new pilots over all sites; returns what is left of `global_left`."""
+    left = [global_left]
+    min_cpus = {name: s.config.pilot.min_cpus for name, s in sites.items()}
     for row in rows:
-        for site_name in row.sites:
+        if row.left == 0:
+            continue
+        if not row.reserve:
+            for name in row.sites:
+                sites[name].offered_jobs += row.left
+                sites[name].offered_cpus += row.left * row.item.cpus
+        for tier in ranked(row, leads, min_cpus, tie_share):
             if row.left == 0:
                 break
-            s = sites[site_name]
-            new = s.new
-            assert new is not None
-            room = new.allowed
-            new.allowed = min(room, new.opened + max(0, global_left))
-            before = new.opened
-            if not row.reserve:
-                s.offered_jobs += row.left
-                s.offered_cpus += row.left * row.item.cpus
-            got = new.fill(row.item, row.left)
-            new.allowed = room
-            global_left -= new.opened - before
-            row.left -= got
-            if row.reserve:
-                s.new_reserve += got
-            else:
-                s.new_jobs += got
-    return global_left
+            capacity = [_takes(sites[name], row, left[0]) for name in tier]
+            load = [sites[name].load() for name in tier]
+            for name, n in zip(tier, shares(row.left, capacity, load), strict=True):
+                _place(sites[name], row, n, left)
+            for name in tier:
+                _place(sites[name], row, row.left, left)
+    return left[0]
+
+
+def _takes(s: SiteRow, row: Row, global_left: int) -> int:
+    """How many of the row's jobs new pilots at `s` could still take (open pilots aside)."""
+    new = s.new
+    assert new is not None
+    pilots = max(0, min(new.allowed, new.opened + global_left) - new.opened)
+    p = s.config.pilot
+    return pilots * row.item.per_bin(min(p.cpus, max(p.pack_cpus, row.item.cpus)),
+                                     p.memory_mb, p.gpus)
+
+
+def _place(s: SiteRow, row: Row, n: int, global_left: list[int]) -> None:
+    """Up to `n` of the row's jobs into new pilots at `s`, within the global cap."""
+    new = s.new
+    assert new is not None
+    if n <= 0:
+        return
+    room = new.allowed
+    new.allowed = min(room, new.opened + max(0, global_left[0]))
+    before = new.opened
+    got = new.fill(row.item, min(n, row.left))
+    new.allowed = room
+    global_left[0] -= new.opened - before
+    row.left -= got
+    if row.reserve:
+        s.new_reserve += got
+    else:
+        s.new_jobs += got
 
 
 def _size_new_pilot(site: SiteConfig, used_cpus: int, used_mem: int) -> tuple[int, int]:
@@ -256,31 +301,37 @@ def plan(snapshot: Snapshot, config: Config, now: float) -> Plan:
     """Decide this cycle's actions. Pure; `now` is the cycle's time (epoch seconds)."""
     if not snapshot.pool_known:
         return Plan(actions=())
-    order = sorted(config.sites, key=lambda s: (-s.weight, s.name))
+    leads = site_leads(snapshot, config, now)
+    order = sorted(config.sites, key=lambda s: leads[s.name])  # stable: config order
+    known = {v.name for v in snapshot.sites if v.known}
+    late = frozenset(p.key for p in snapshot.pilots if p.key not in snapshot.hedged
+                     and p.site in known and overdue(p, config, snapshot.estimates, now))
     registry: list[BinGroup] = []
-    sites = site_rows(snapshot, config, now, registry)
-    sites = {s.name: sites[s.name] for s in order}
+    sites = site_rows(snapshot, config, now, registry, skip=late)
 
     rows, unmatchable = match_demand(snapshot.demand, order)
-    ghosts = reserve_rows(snapshot, config, order)
+    ghosts = reserve_rows(snapshot, config, order, now)
     everything = rows + ghosts
     floor = Item(cpus=min((r.item.cpus for r in everything), default=1),
                  memory_mb=min((r.item.memory_mb for r in everything), default=0))
     fill_existing(everything, sites, now, floor)
-    open_sites(sites, config)
-    global_left = fill_new(rows, sites, config.policy.max_submit_per_cycle)
-    global_left = fill_new(ghosts, sites, global_left)
+    open_sites(sites, snapshot)
+    tie = config.policy.placement.tie_share
+    global_left = fill_new(rows, sites, config.policy.max_submit_per_cycle, leads, tie)
+    global_left = fill_new(ghosts, sites, global_left, leads, tie)
     actions, summaries = submissions(sites.values(), rows, global_left)
 
-    used = {p.key for g in registry if g.jobs > 0 for p in g.members}
+    used = {p.key for g in registry if g.jobs > 0 for p in g.members} | late
     site_ok = {name: s.known for name, s in sites.items()}
-    actions.extend(pilot_actions(snapshot, config, now, used, site_ok))
+    down, unneeded = pilot_actions(snapshot, config, now, used, site_ok, bool(actions))
     reserve = sum(r.jobs for r in ghosts)
     return Plan(
-        actions=tuple(actions),
+        actions=tuple(actions + down),
         unmatchable=tuple(unmatchable),
         summary=tuple(summaries),
         unplaced_jobs=sum(r.left for r in rows),
         reserve_jobs=reserve,
         reserve_held=reserve - sum(r.left for r in ghosts),
+        unneeded=tuple(unneeded),
+        hedges=tuple(sorted(late)) if actions else (),
     )

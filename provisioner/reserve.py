@@ -16,15 +16,18 @@ from provisioner.model import JobShape, Snapshot
 
 
 def reserve_size(matchable_arrivals: int, window_s: float, config: Config,
-                 departures: int | None = None) -> int:
+                 departures: int | None = None, quiet_s: float = 0.0) -> int:
     """Job slots to keep free for jobs about to arrive (see `ReserveConfig`): base-stock
     sizing over one lead time, ``growth + factor * sqrt(a + d)`` with ``a`` and ``d`` the
     arrivals and departures expected in one lead time, departures counted at most up to
     the arrivals (unknown: ``d = a``), and ``growth = max(0, a - d - noise)`` where
     ``noise`` is one standard deviation of the estimate ``a - d``; capped at
-    ``max_jobs``. No recent arrivals means no reserve."""
+    ``max_jobs``. Fewer than ``min_arrivals`` arrivals are no rate: no reserve. When
+    nothing arrived for `quiet_s` seconds, longer than ``quiet_gaps`` mean gaps between
+    arrivals, arrivals stopped: the reserve decays by e every ``lead_s`` beyond that."""
     r = config.policy.reserve
-    if not r.enabled or window_s <= 0 or matchable_arrivals <= 0 or r.max_jobs <= 0:
+    if (not r.enabled or window_s <= 0 or matchable_arrivals < r.min_arrivals
+            or r.max_jobs <= 0):
         return 0
     arrived = matchable_arrivals
     left = arrived if departures is None else min(arrived, max(0.0, departures))
@@ -34,13 +37,17 @@ def reserve_size(matchable_arrivals: int, window_s: float, config: Config,
     # difference of two Poisson counts over the window): a steady queue adds nothing
     noise = math.sqrt(arrived + left) * scale
     want = max(0.0, a - d - noise) + r.factor * math.sqrt(a + d)
+    stopped = quiet_s - r.quiet_gaps * window_s / arrived
+    if stopped > 0:
+        want *= math.exp(-stopped / r.lead_s) if r.lead_s > 0 else 0.0
     return max(0, min(r.max_jobs, math.ceil(want - 1e-9)))
 
 
 _Key = tuple[int, int, tuple[str, ...]]
 
 
-def reserve_rows(snapshot: Snapshot, config: Config, sites: Sequence[SiteConfig]) -> list[Row]:
+def reserve_rows(snapshot: Snapshot, config: Config, sites: Sequence[SiteConfig],
+                 now: float) -> list[Row]:
     """The reserve as rows (marked `reserve`), largest first.
 
     Recently arrived matchable jobs are grouped by (cpus, gpus, DesiredSites); a group's
@@ -60,7 +67,10 @@ def reserve_rows(snapshot: Snapshot, config: Config, sites: Sequence[SiteConfig]
         counts[key] += d.idle
         memory[key] = max(memory.get(key, 0), shape.memory_mb)
     total = sum(counts.values())
-    size = reserve_size(total, snapshot.arrival_window_s, config, snapshot.recent_departures)
+    last = snapshot.last_arrival_at
+    quiet = 0.0 if last is None else max(0.0, now - last)
+    size = reserve_size(total, snapshot.arrival_window_s, config, snapshot.recent_departures,
+                        quiet)
     if size == 0:
         return []
     quota = _split(size, counts)

@@ -38,10 +38,24 @@ def _idle_observations(snapshot: Snapshot, p: Pilot, now: float) -> int:
     return max(1, snapshot.idle_cycles.get(p.key, 1)) + 1
 
 
+def drained_empty(p: Pilot) -> bool:
+    """A DRAINING pilot with nothing claimed and no job running (the observer reports a
+    draining pilot that runs anything with fewer free cores than it has)."""
+    return (p.state is PilotState.DRAINING and p.free_cpus >= p.cpus
+            and p.free_memory_mb >= p.memory_mb)
+
+
 def pilot_actions(
-    snapshot: Snapshot, config: Config, now: float, used: set[str], site_ok: dict[str, bool]
-) -> list[Action]:
+    snapshot: Snapshot, config: Config, now: float, used: set[str], site_ok: dict[str, bool],
+    submitting: bool = False,
+) -> tuple[list[Action], list[str]]:
+    """Flag, unflag, release and cancel existing pilots; also returns the pending pilots no
+    demand needed this cycle. `used`: pilots that received demand (or reserve) or must be
+    kept for it; `submitting`: this cycle submits new pilots (then no pending pilot is
+    cancelled: it would be replaced by an equivalent one)."""
     out: list[Action] = []
+    unneeded: list[str] = []
+    cancel_after = config.policy.placement.pending_cancel_cycles
     by_site: dict[str, list[Pilot]] = defaultdict(list)
     for p in snapshot.pilots:
         if site_ok.get(p.site, False):
@@ -67,7 +81,15 @@ def pilot_actions(
                 elif not flagged:
                     out.append(Flag(p, "idle, no demand for it"))
             elif p.state is PilotState.PENDING and p.key not in used:
-                cancels.append(p)
+                unneeded.append(p.key)
+                if (not submitting
+                        and snapshot.unneeded_cycles.get(p.key, 0) + 1 >= cancel_after):
+                    cancels.append(p)
+            elif (drained_empty(p)
+                  and snapshot.drained_cycles.get(p.key, 0) + 1 >= n_release):
+                # drained by someone else (an admin's condor_drain), running nothing: it
+                # would count against the caps for ever
+                out.append(Cancel(p, f"draining with nothing running for {n_release} cycles"))
             elif (p.state is PilotState.STARTING and p.started_at is not None
                   and now - p.started_at > config.policy.start_timeout_s):
                 # Running at the site but its startd never registered (and the schedd
@@ -85,9 +107,9 @@ def pilot_actions(
                 out.append(Flag(p, "idle, no demand for it (kept: lifetime/keep_warm)"))
         for p in sorted(cancels, key=lambda p: (-p.submitted_at, p.job_id)):
             if warm > site.keep_warm:
-                out.append(Cancel(p, "pending, no demand for it"))
+                out.append(Cancel(p, f"pending, no demand for it for {cancel_after} cycles"))
                 warm -= 1
-    return out
+    return out, unneeded
 
 
 def carry_over(

@@ -157,8 +157,8 @@ class Provisioner:
         self.journal = journal or Journal(config.journal)
         self.clock = clock
         self.controller = Controller(config)
+        self.controller.load(self.journal.get("controller"))  # learnt site estimates
         self.last_jobs: dict[str, list[SiteJob]] = {}
-        self.last_submit: dict[str, float] = {}
 
     # The decision state lives in the controller; these read it.
     @property
@@ -184,6 +184,7 @@ class Provisioner:
         running_on: frozenset[str] = frozenset()
         arrivals: tuple[Demand, ...] = ()
         size: QueueSize | None = None
+        newest: float | None = None
         since = self.controller.arrivals_since(now)
         try:
             queue = self.pool.queue(since)
@@ -194,6 +195,7 @@ class Provisioner:
             pool_known = False
         else:
             size = QueueSize(queue.total, queue.older)
+            newest = queue.newest
         views, pilots, jobs = [], [], {}
         for site in self.config.sites:
             try:
@@ -216,7 +218,7 @@ class Provisioner:
             pilots.extend(merge_pilots(site.name, site_jobs, ads, running_on))
         snapshot = Snapshot(
             demand=demand, pilots=tuple(pilots), sites=tuple(views), pool_known=pool_known,
-            last_submit=dict(self.last_submit), recent_arrivals=arrivals)
+            recent_arrivals=arrivals, last_arrival_at=newest)
         return Observation(snapshot, ads, jobs, running_on, size)
 
     # --- act -------------------------------------------------------------
@@ -235,9 +237,6 @@ class Provisioner:
             log.error("submission at %s stopped after %d of %d: %s", action.site, len(ids),
                       action.count, exc)
             return f"submitted {ids}; failed: {exc}"
-        finally:
-            if ids:
-                self.last_submit[action.site] = self.clock()
         return f"submitted {ids}"
 
     def _release(self, action: Release,
@@ -322,6 +321,8 @@ class Provisioner:
         t1 = time.monotonic()
         result = self.controller.cycle(obs.snapshot, now, obs.queue, commit=not dry_run)
         t2 = time.monotonic()
+        for change in self.controller.transitions if not dry_run else ():
+            log.warning("%s", change)
         cycle = CycleResult(reason, obs, result)
         if not dry_run:
             cycle.outcomes = self.act(obs, result)
@@ -336,6 +337,7 @@ class Provisioner:
                 site, job_id = action_target(text)
                 self.journal.action(cid, kind, site, job_id, text, outcome)
             self.journal.put("flagged", self.flagged)
+            self.journal.put("controller", self.controller.state())
             self.journal.put("last_cycle", {"at": now, "summary": line})
         return cycle
 

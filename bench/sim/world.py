@@ -225,6 +225,7 @@ class World:
             sites=tuple(SiteView(name, True) for name in self.sites),
             recent_arrivals=(self.recent_arrivals(self.now - arrivals_since)
                              if arrivals_since is not None else ()),
+            last_arrival_at=self._submit_times[-1] if self._submit_times else None,
         )
 
     # -- actions ------------------------------------------------------------------------------

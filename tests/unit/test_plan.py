@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from provisioner.model import (
     Flag,
     JobShape,
@@ -180,9 +182,15 @@ def test_pending_without_demand_cancelled_starting_only_after_the_start_timeout(
     pend = pilot("1", PilotState.PENDING)
     start = pilot("2", PilotState.STARTING, started=NOW - 60)
     stuck = pilot("3", PilotState.STARTING, started=NOW - 3600)
-    result = plan(snap([], [pend, start, stuck]), config(), NOW)
+    s = snap([], [pend, start, stuck])
+    result = plan(s, config(), NOW)
     assert sorted((type(a).__name__, a.pilot.job_id) for a in result.actions) == [
-        ("Cancel", "1"), ("Cancel", "3")]
+        ("Cancel", "3")]
+    assert result.unneeded == ("gsi/1",)
+    # the pending pilot goes after `pending_cancel_cycles` (3) cycles without demand
+    later = dataclasses.replace(s, unneeded_cycles={"gsi/1": 2})
+    assert sorted((type(a).__name__, a.pilot.job_id) for a in plan(later, config(), NOW).actions
+                  ) == [("Cancel", "1"), ("Cancel", "3")]
 
 
 def test_pending_kept_when_demand_needs_it() -> None:
