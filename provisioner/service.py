@@ -94,7 +94,9 @@ def merge_pilots(site: str, jobs: list[SiteJob], ads: Mapping[str, PilotAd],
             submitted_at=job.submitted_at,
             started_at=job.started_at,
             walltime_end=(ad.walltime_end if ad and ad.walltime_end else job.ends_at),
-            free_cpus=ad.free_cpus if up and ad else job.cpus,
+            # a draining pilot that runs anything shows no free cores (never "empty")
+            free_cpus=(0 if state is PilotState.DRAINING and ad and ad_busy(ad, running_on)
+                       else ad.free_cpus if up and ad else job.cpus),
             free_memory_mb=ad.free_memory_mb if up and ad else job.memory_mb,
             name=ad.name if ad else None,
         ))

@@ -169,3 +169,22 @@ def test_reserve_split_gives_rare_shapes_more_than_their_count() -> None:
     eight = JobShape(8, 16000)
     rows = reserve_rows(snap(arrivals=[(ONE, 90), (eight, 10)]), cfg, cfg.sites, NOW)
     assert {(r.item.cpus, r.jobs) for r in rows} == {(1, 14), (8, 5)}
+
+
+@given(arrivals=st.integers(10, 2000), quiet=st.floats(0, 20000), more=st.floats(0, 5000))
+def test_reserve_decays_once_arrivals_stop(arrivals: int, quiet: float, more: float) -> None:
+    """While jobs keep arriving (quiet within a few mean gaps) the reserve is its base;
+    once they stop it only shrinks, and within a few lead times it is gone."""
+    cfg = config(reserve=RES)
+    base = reserve_size(arrivals, 900, cfg, None)
+    gap = 900 / arrivals
+    assert reserve_size(arrivals, 900, cfg, None, quiet_s=2 * gap) == base
+    now = reserve_size(arrivals, 900, cfg, None, quiet_s=quiet)
+    assert reserve_size(arrivals, 900, cfg, None, quiet_s=quiet + more) <= now <= base
+    assert reserve_size(arrivals, 900, cfg, None, quiet_s=3 * gap + 6 * RES.lead_s) <= max(
+        1, math.ceil(base * math.exp(-6)))
+
+
+def test_a_handful_of_arrivals_is_not_a_rate() -> None:
+    cfg = config(reserve=RES.model_copy(update={"min_arrivals": 10}))
+    assert reserve_size(9, 900, cfg) == 0 and reserve_size(10, 900, cfg) > 0

@@ -1,0 +1,104 @@
+"""Placement: learnt leads decide, equal sites share, weights scale, overdue pending
+pilots are hedged once, pending pilots are not churned."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from provisioner.model import Cancel, JobShape, PilotState, SiteEstimate, Submit
+from provisioner.placement import shares
+from provisioner.plan import plan
+
+from .helpers import NOW, config, pilot, site, snap
+
+ONE = JobShape(1, 2000)
+
+
+def new_jobs(result, name: str) -> int:  # type: ignore[no-untyped-def]
+    return next(s.new_pilot_jobs for s in result.summary if s.site == name)
+
+
+def two_sites(weight_b: float = 1.0, **kw):  # type: ignore[no-untyped-def]
+    return config(site("alpha", max_pilots=50, max_pending=50, max_submit=50, **kw),
+                  site("beta", max_pilots=50, max_pending=50, max_submit=50,
+                       weight=weight_b, **kw), max_submit=100)
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(2, 60), names=st.permutations(["alpha", "beta"]))
+def test_equal_sites_share_demand_whatever_their_names(n: int, names: list[str]) -> None:
+    cfg = config(*(site(name, max_pilots=50, max_pending=50, max_submit=50)
+                   for name in names), max_submit=100)
+    result = plan(snap([(ONE, n)], sites=tuple(names)), cfg, NOW)
+    a, b = new_jobs(result, "alpha"), new_jobs(result, "beta")
+    assert a + b == n and abs(a - b) <= 1
+
+
+def test_shares_follow_capacity_and_never_exceed_it() -> None:
+    assert shares(10, [10, 30], [0.0, 0.0]) == [3, 7]
+    assert shares(10, [2, 30], [0.0, 0.0]) == [1, 9]
+    assert shares(30, [2, 30], [0.0, 0.0]) == [2, 28]
+    assert shares(1, [5, 5], [0.5, 0.1]) == [0, 1]  # the remainder to the less loaded
+    assert shares(50, [3, 4], [0.0, 0.0]) == [3, 4]
+
+
+def test_the_learnt_quicker_site_takes_the_demand_and_weight_scales() -> None:
+    est = {"alpha": SiteEstimate(1800, 90, 5), "beta": SiteEstimate(60, 90, 5)}
+    s = dataclasses.replace(snap([(ONE, 20)], sites=("alpha", "beta")), estimates=est)
+    result = plan(s, two_sites(), NOW)
+    assert new_jobs(result, "beta") == 20 and new_jobs(result, "alpha") == 0
+    # weight scales the lead: beta at weight 1/20 now looks as slow as 3000 s
+    result = plan(s, two_sites(weight_b=0.05), NOW)
+    assert new_jobs(result, "alpha") == 20
+
+
+def test_a_site_without_history_is_explored() -> None:
+    est = {"alpha": SiteEstimate(60, 90, 5)}  # beta never seen
+    s = dataclasses.replace(snap([(ONE, 20)], sites=("alpha", "beta")), estimates=est)
+    result = plan(s, two_sites(), NOW)
+    assert new_jobs(result, "beta") > 0 and new_jobs(result, "alpha") > 0
+
+
+def test_a_slow_pending_pilot_makes_its_site_look_slow() -> None:
+    stuck = pilot("1", PilotState.PENDING, site="alpha", cpus=1, memory_mb=4000,
+                  submitted=NOW - 2400)
+    est = {"alpha": SiteEstimate(60, 90, 5), "beta": SiteEstimate(60, 90, 5)}
+    s = dataclasses.replace(snap([(ONE, 11)], [stuck], sites=("alpha", "beta")),
+                            estimates=est, hedged=frozenset({stuck.key}))
+    result = plan(s, two_sites(), NOW)
+    assert new_jobs(result, "beta") == 10 and new_jobs(result, "alpha") == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(age=st.floats(0, 7200), jobs=st.integers(1, 8), hedged=st.booleans())
+def test_pending_pilot_blocks_placement_only_until_its_expected_start(
+        age: float, jobs: int, hedged: bool) -> None:
+    """Before expected start + margin it holds its jobs; after, they are placed anew once
+    (at most one hedge): an already hedged pilot holds them again."""
+    cfg = two_sites()
+    pend = pilot("1", PilotState.PENDING, site="alpha", submitted=NOW - age)
+    est = {"alpha": SiteEstimate(300, 90, 5), "beta": SiteEstimate(300, 90, 5)}
+    s = dataclasses.replace(snap([(ONE, jobs)], [pend], sites=("alpha", "beta")),
+                            estimates=est, hedged=frozenset({pend.key} if hedged else ()))
+    result = plan(s, cfg, NOW)
+    late = age > 2 * 300 + cfg.policy.placement.hedge_margin_s and not hedged
+    placed = sum(a.count for a in result.actions if isinstance(a, Submit))
+    assert (placed > 0) == late
+    assert result.hedges == ((pend.key,) if late else ())
+    assert not [a for a in result.actions if isinstance(a, Cancel)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(cycles=st.integers(0, 10), jobs=st.integers(0, 20))
+def test_no_pending_pilot_is_cancelled_while_demand_for_it_persists(
+        cycles: int, jobs: int) -> None:
+    pend = pilot("1", PilotState.PENDING, cpus=4, memory_mb=16000)
+    s = dataclasses.replace(snap([(ONE, jobs)], [pend]), unneeded_cycles={pend.key: cycles})
+    cancelled = [a for a in plan(s, config(), NOW).actions if isinstance(a, Cancel)]
+    if jobs:
+        assert not cancelled
+    else:
+        assert bool(cancelled) == (cycles + 1 >= config().policy.placement.pending_cancel_cycles)
