@@ -77,8 +77,10 @@ class ReserveConfig(_Model):
     factor: float = Field(default=2.0, ge=0)
     #: Upper bound on reserved job slots (over all sites).
     max_jobs: int = Field(default=64, ge=0)
-    #: Fewer matchable arrivals than this in the window are not a rate: no reserve.
-    min_arrivals: int = Field(default=10, ge=1)
+    #: Jobs that arrived at fewer distinct times (cycles that saw a newer job) than this
+    #: within ``evidence_s`` are not a rate (a handful submitted at once): no reserve.
+    min_arrival_times: int = Field(default=4, ge=1)
+    evidence_s: float = Field(default=3600, gt=0)
     #: Arrivals that stopped: once no job has arrived for ``quiet_gaps`` mean gaps between
     #: arrivals (window / arrivals), the reserve decays by e every ``lead_s``.
     quiet_gaps: float = Field(default=3.0, gt=0)

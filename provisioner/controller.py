@@ -24,6 +24,7 @@ Contract of one cycle, in order:
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -91,6 +92,7 @@ class Controller:
     hedged: set[str] = field(default_factory=set)
     drained: dict[str, int] = field(default_factory=dict)  # drained-empty key -> cycles
     ours: set[str] = field(default_factory=set)  # pilots we released or cancelled
+    arrivals: deque[float] = field(default_factory=deque)  # distinct arrival times
     #: circuit-breaker state changes seen by the last cycle (the service logs them)
     transitions: list[str] = field(default_factory=list)
     cycles: int = 0
@@ -145,6 +147,11 @@ class Controller:
         `commit`, this cycle's pilots are learnt from first."""
         known = {v.name for v in snapshot.sites if v.known}
         seen = [p for p in snapshot.pilots if p.site in known]
+        newest = snapshot.last_arrival_at
+        if commit and newest is not None and (not self.arrivals or newest > self.arrivals[-1]):
+            self.arrivals.append(newest)
+        while self.arrivals and self.arrivals[0] < now - self.config.policy.reserve.evidence_s:
+            self.arrivals.popleft()
         if commit and snapshot.pool_known:
             self.estimates.observe(seen, now)
             self.transitions = self.breakers.observe(seen, known, now, self.ours)
@@ -166,7 +173,8 @@ class Controller:
                        arrival_window_s=window if snapshot.recent_arrivals else 0.0,
                        recent_departures=left, estimates=dict(self.estimates.sites),
                        unneeded_cycles=dict(self.unneeded), hedged=frozenset(self.hedged),
-                       submit_limit=self.breakers.limits(in_flight), drained_cycles=drained)
+                       submit_limit=self.breakers.limits(in_flight), drained_cycles=drained,
+                       arrival_times=len(self.arrivals))
 
     def remember(self, snapshot: Snapshot, result: Plan, now: float) -> None:
         """Carry flags, idle observations, unneeded and drained counts and hedges over,

@@ -116,6 +116,9 @@ class Snapshot:
     # Submission time of the newest job in the queue (None: unknown or empty queue): the
     # reserve decays once arrivals stop.
     last_arrival_at: float | None = None
+    # Distinct times at which jobs arrived within `policy.reserve.evidence_s` (counted by
+    # the controller; None: not counted, taken as enough).
+    arrival_times: int | None = None
     # What the controller carries between cycles (all optional for a plain snapshot):
     #: site -> learnt lead time; sites absent use `policy.placement` defaults.
     estimates: dict[str, SiteEstimate] = field(default_factory=dict)

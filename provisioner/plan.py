@@ -304,10 +304,13 @@ def plan(snapshot: Snapshot, config: Config, now: float) -> Plan:
     leads = site_leads(snapshot, config, now)
     order = sorted(config.sites, key=lambda s: leads[s.name])  # stable: config order
     known = {v.name for v in snapshot.sites if v.known}
-    late = frozenset(p.key for p in snapshot.pilots if p.key not in snapshot.hedged
-                     and p.site in known and overdue(p, config, snapshot.estimates, now))
+    # pending past their expected start: no capacity any more (their jobs are placed
+    # anew, once: the pilots that takes are pending capacity themselves), kept while
+    # demand they could run is queued
+    late = {p.key: p.site for p in snapshot.pilots
+            if p.site in known and overdue(p, config, snapshot.estimates, now)}
     registry: list[BinGroup] = []
-    sites = site_rows(snapshot, config, now, registry, skip=late)
+    sites = site_rows(snapshot, config, now, registry, skip=frozenset(late))
 
     rows, unmatchable = match_demand(snapshot.demand, order)
     ghosts = reserve_rows(snapshot, config, order, now)
@@ -321,7 +324,9 @@ def plan(snapshot: Snapshot, config: Config, now: float) -> Plan:
     global_left = fill_new(ghosts, sites, global_left, leads, tie)
     actions, summaries = submissions(sites.values(), rows, global_left)
 
-    used = {p.key for g in registry if g.jobs > 0 for p in g.members} | late
+    wanted = {name for r in rows for name in r.sites}
+    used = {p.key for g in registry if g.jobs > 0 for p in g.members}
+    used |= {key for key, name in late.items() if name in wanted}
     site_ok = {name: s.known for name, s in sites.items()}
     down, unneeded = pilot_actions(snapshot, config, now, used, site_ok, bool(actions))
     reserve = sum(r.jobs for r in ghosts)
@@ -333,5 +338,5 @@ def plan(snapshot: Snapshot, config: Config, now: float) -> Plan:
         reserve_jobs=reserve,
         reserve_held=reserve - sum(r.left for r in ghosts),
         unneeded=tuple(unneeded),
-        hedges=tuple(sorted(late)) if actions else (),
+        hedges=tuple(sorted(set(late) - snapshot.hedged)) if actions else (),
     )

@@ -22,12 +22,11 @@ def reserve_size(matchable_arrivals: int, window_s: float, config: Config,
     arrivals and departures expected in one lead time, departures counted at most up to
     the arrivals (unknown: ``d = a``), and ``growth = max(0, a - d - noise)`` where
     ``noise`` is one standard deviation of the estimate ``a - d``; capped at
-    ``max_jobs``. Fewer than ``min_arrivals`` arrivals are no rate: no reserve. When
+    ``max_jobs``. When
     nothing arrived for `quiet_s` seconds, longer than ``quiet_gaps`` mean gaps between
     arrivals, arrivals stopped: the reserve decays by e every ``lead_s`` beyond that."""
     r = config.policy.reserve
-    if (not r.enabled or window_s <= 0 or matchable_arrivals < r.min_arrivals
-            or r.max_jobs <= 0):
+    if not r.enabled or window_s <= 0 or matchable_arrivals <= 0 or r.max_jobs <= 0:
         return 0
     arrived = matchable_arrivals
     left = arrived if departures is None else min(arrived, max(0.0, departures))
@@ -53,7 +52,11 @@ def reserve_rows(snapshot: Snapshot, config: Config, sites: Sequence[SiteConfig]
     Recently arrived matchable jobs are grouped by (cpus, gpus, DesiredSites); a group's
     reserve slot takes the largest memory seen in it and no stated runtime, so one slot
     fits any recent job of that group. The reserve is split over the groups in proportion
-    to the square root of their arrivals (largest remainder)."""
+    to the square root of their arrivals (largest remainder). Jobs that arrived at fewer
+    than ``min_arrival_times`` distinct times are no rate: no reserve."""
+    times = snapshot.arrival_times
+    if times is not None and times < config.policy.reserve.min_arrival_times:
+        return []
     counts: Counter[_Key] = Counter()
     memory: dict[_Key, int] = {}
     for d in snapshot.recent_arrivals:

@@ -47,6 +47,45 @@ def default_sites(gsi_target: int | None = 1, frankfurt_target: int | None = 1,
     ]
 
 
+def hetero_sites() -> list[SiteModel]:
+    """Two sites that differ the way real ones do, with equal weights: `fast` (short SLURM
+    queue, 24 h walltime, pilots sized to the jobs from 1 core) and `slow` (queue wait
+    ~20 min, 4 h walltime with a 30 min margin so jobs that state no runtime can be killed
+    at walltime, whole 48-core nodes only)."""
+    fast = SiteConfig(
+        name="fast", max_walltime_s=86400, template="gsi.sh.j2",
+        image="/opt/images/pilot.sif", weight=1.0,
+        pilot=PilotShapeConfig(cpus=16, min_cpus=1, target_cpus=1, memory_mb=64000,
+                               memory_per_cpu_mb=4000, walltime_s=86400,
+                               shutdown_margin_s=7200),
+        caps=CapsConfig(max_pilots=400, max_pending=60, max_submit_per_cycle=60),
+    )
+    slow = SiteConfig(
+        name="slow", max_walltime_s=4 * 3600, template="frankfurt.sh.j2",
+        image="/opt/images/pilot.sif", weight=1.0,
+        pilot=PilotShapeConfig(cpus=48, min_cpus=48, memory_mb=192000,
+                               memory_per_cpu_mb=4000, walltime_s=4 * 3600,
+                               shutdown_margin_s=1800),
+        caps=CapsConfig(max_pilots=40, max_pending=20, max_submit_per_cycle=20),
+    )
+    return [
+        SiteModel(fast, nodes=24, cores_per_node=16, mem_per_node_mb=64000,
+                  wait_median_s=60, wait_sigma=1.0, boot_s=90),
+        SiteModel(slow, nodes=20, cores_per_node=48, mem_per_node_mb=192000,
+                  wait_median_s=1200, wait_sigma=1.0, boot_s=120),
+    ]
+
+
+#: Site sets a scenario runs on.
+SITE_SETS = {"default": default_sites, "hetero": hetero_sites}
+#: (trace, site set) pairs `make bench` runs.
+SCENARIOS: tuple[tuple[str, str], ...] = (
+    ("steady", "default"), ("bursty", "default"), ("diurnal", "default"),
+    ("mixed", "default"), ("steady-4x", "default"), ("trickle", "default"),
+    ("steady", "hetero"), ("bursty", "hetero"), ("mixed", "hetero"), ("trickle", "hetero"),
+)
+
+
 def default_config(sites: list[SiteModel], reserve: ReserveConfig | None = None) -> Config:
     """The configuration `ours` runs with; the reserve is the default one unless given."""
     return Config(
@@ -68,12 +107,19 @@ def make_policy(name: str, config: Config) -> Policy:
 
 
 def run_scenario(policy: str, trace: str, seed: int = 1, duration: float = 2 * 86400,
-                 sites: list[SiteModel] | None = None,
+                 sites: list[SiteModel] | str | None = None,
                  reserve: ReserveConfig | None = None) -> RunResult:
-    """One simulated run: `policy` over `trace` generated with `seed`."""
-    sites = sites if sites is not None else default_sites()
+    """One simulated run: `policy` over `trace` generated with `seed`, on `sites` (a
+    list, or the name of a site set; default: the default sites)."""
+    name = trace
+    if sites is None or isinstance(sites, str):
+        if sites not in (None, "default"):
+            name = f"{trace} @{sites}"
+        sites = SITE_SETS[sites or "default"]()
     config = default_config(sites, reserve)
     jobs = TRACES[trace](seed)
     world = World(sites, config, seed=seed + 1000)
-    return world.run(make_policy(policy, config), [j for j in jobs if j.submit < duration],
-                     trace_name=trace, duration=duration)
+    result = world.run(make_policy(policy, config), [j for j in jobs if j.submit < duration],
+                       trace_name=name, duration=duration)
+    result.seed = seed
+    return result

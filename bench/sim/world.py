@@ -11,7 +11,9 @@ to the fitting pilot with the fewest free cores (depth first). A pilot starts a 
 states a runtime only if it ends before the walltime; one that states none only before the
 shutdown margin. From the margin on the pilot takes no such jobs and ends when empty. A
 released pilot drains and ends when empty; a pending one is cancelled. At walltime SLURM
-kills whatever still runs (counted as killed).
+kills whatever still runs: the job goes back to the queue (its job lease) and its core time
+so far is waste, not claimed. A `black_hole` site's pilots start and never join the pool
+(they exit after `boot_s`), like a site with a broken image path.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from bisect import bisect_left
+from bisect import bisect_left, insort
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -54,6 +56,7 @@ class SiteModel:
     wait_median_s: float = 60.0  # SLURM queue wait, lognormal
     wait_sigma: float = 1.0
     boot_s: float = 90.0
+    black_hole: bool = False  # pilots exit after boot_s without ever joining the pool
 
     @property
     def name(self) -> str:
@@ -75,7 +78,7 @@ class SimJob:
     start: float | None = None
     end: float | None = None
     pilot: SimPilot | None = None
-    killed: bool = False
+    kills: int = 0  # times killed at a pilot's walltime (then requeued)
 
     @property
     def shape(self) -> JobShape:
@@ -157,6 +160,7 @@ class World:
         }
         self.allocated_core_s = 0.0
         self.claimed_core_s = 0.0
+        self.killed_core_s = 0.0  # core time of runs killed at walltime (waste)
         self.timeline: list[Sample] = []
         self._next_pilot = 1
         self.queue_changed = False
@@ -278,7 +282,8 @@ class World:
                     node[1] -= p.memory_mb
                     p.node = i
                     p.started_at = self.now
-                    self._at(self.now + p.site.boot_s, "booted", p)
+                    self._at(self.now + p.site.boot_s,
+                             "crashed" if p.site.black_hole else "booted", p)
                     self._at(self.now + p.walltime_s, "walltime", p)
                     self._at(p.margin_at, "margin", p)
                     break
@@ -302,14 +307,22 @@ class World:
 
     # -- pool side ----------------------------------------------------------------------------
     def _finish_job(self, job: SimJob, killed: bool = False) -> None:
+        """The job's run ends; a killed run's core time is waste and the job is idle
+        again (in submission order)."""
         p = job.pilot
         assert p is not None and job.start is not None
-        job.end = self.now
-        job.killed = killed
-        self.claimed_core_s += job.shape.cpus * (self.now - job.start)
+        core_s = job.shape.cpus * (self.now - job.start)
         p.jobs.discard(job)
         p.used_cpus -= job.shape.cpus
         p.used_mem -= round_memory(job.shape.memory_mb)
+        if killed:
+            self.killed_core_s += core_s
+            job.kills += 1
+            job.start = job.pilot = None
+            insort(self.queue, job, key=_submitted)
+            return
+        job.end = self.now
+        self.claimed_core_s += core_s
 
     def negotiate(self) -> None:
         avail = [p for p in self.pilots.values()
@@ -371,7 +384,9 @@ class World:
                     self.unmatchable.append(payload)
             elif kind == "job_end":
                 assert isinstance(payload, SimJob)
-                if payload.end is None:
+                start = payload.start
+                if payload.end is None and start is not None and \
+                        start + payload.spec.runtime == t:  # not a killed earlier run
                     p = payload.pilot
                     self._finish_job(payload)
                     assert p is not None
@@ -388,6 +403,9 @@ class World:
                     payload.booted = True
                     if payload.draining:
                         self._end_pilot(payload)
+            elif kind == "crashed":
+                assert isinstance(payload, SimPilot)
+                self._end_pilot(payload)
             elif kind == "margin":
                 assert isinstance(payload, SimPilot)
                 if payload.ended_at is None and payload.booted and not payload.jobs:
@@ -419,3 +437,7 @@ class World:
             allocated_cores=sum(p.cpus for p in running),
             claimed_cores=sum(p.used_cpus for p in running),
         ))
+
+
+def _submitted(job: SimJob) -> float:
+    return job.spec.submit

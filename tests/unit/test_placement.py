@@ -64,31 +64,54 @@ def test_a_site_without_history_is_explored() -> None:
 
 def test_a_slow_pending_pilot_makes_its_site_look_slow() -> None:
     stuck = pilot("1", PilotState.PENDING, site="alpha", cpus=1, memory_mb=4000,
-                  submitted=NOW - 2400)
+                  submitted=NOW - 400)  # longer than expected, not yet overdue
     est = {"alpha": SiteEstimate(60, 90, 5), "beta": SiteEstimate(60, 90, 5)}
     s = dataclasses.replace(snap([(ONE, 11)], [stuck], sites=("alpha", "beta")),
-                            estimates=est, hedged=frozenset({stuck.key}))
+                            estimates=est)
     result = plan(s, two_sites(), NOW)
     assert new_jobs(result, "beta") == 10 and new_jobs(result, "alpha") == 0
 
 
 @settings(max_examples=60, deadline=None)
-@given(age=st.floats(0, 7200), jobs=st.integers(1, 8), hedged=st.booleans())
+@given(age=st.floats(0, 7200), jobs=st.integers(1, 8))
 def test_pending_pilot_blocks_placement_only_until_its_expected_start(
-        age: float, jobs: int, hedged: bool) -> None:
-    """Before expected start + margin it holds its jobs; after, they are placed anew once
-    (at most one hedge): an already hedged pilot holds them again."""
+        age: float, jobs: int) -> None:
+    """Before expected start + margin it holds its jobs; after, they are placed anew, and
+    the overdue pilot is kept (pending costs nothing) while they wait."""
     cfg = two_sites()
     pend = pilot("1", PilotState.PENDING, site="alpha", submitted=NOW - age)
     est = {"alpha": SiteEstimate(300, 90, 5), "beta": SiteEstimate(300, 90, 5)}
     s = dataclasses.replace(snap([(ONE, jobs)], [pend], sites=("alpha", "beta")),
-                            estimates=est, hedged=frozenset({pend.key} if hedged else ()))
+                            estimates=est)
     result = plan(s, cfg, NOW)
-    late = age > 2 * 300 + cfg.policy.placement.hedge_margin_s and not hedged
+    late = age > 2 * 300 + cfg.policy.placement.hedge_margin_s
     placed = sum(a.count for a in result.actions if isinstance(a, Submit))
     assert (placed > 0) == late
     assert result.hedges == ((pend.key,) if late else ())
     assert not [a for a in result.actions if isinstance(a, Cancel)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(age=st.floats(1000, 7200), jobs=st.integers(1, 16), cycles=st.integers(1, 5))
+def test_at_most_one_hedge_per_pending_pilot(age: float, jobs: int, cycles: int) -> None:
+    """Cycles after the hedge, with its pilot pending (not yet overdue), submit nothing
+    more for the same jobs, and the hedge is not reported again."""
+    cfg = two_sites()
+    pend = pilot("1", PilotState.PENDING, site="alpha", submitted=NOW - age)
+    est = {"alpha": SiteEstimate(300, 90, 5), "beta": SiteEstimate(300, 90, 5)}
+    s = dataclasses.replace(snap([(ONE, jobs)], [pend], sites=("alpha", "beta")),
+                            estimates=est)
+    first = plan(s, cfg, NOW)
+    assert first.hedges == (pend.key,)
+    wanted = [a for a in first.actions if isinstance(a, Submit) for _ in range(a.count)]
+    hedge = [pilot(f"h{i}", PilotState.PENDING, site=a.site, cpus=a.cpus,
+                   memory_mb=a.memory_mb, submitted=NOW) for i, a in enumerate(wanted)]
+    for i in range(cycles):
+        t = NOW + 20 * (i + 1)
+        later = dataclasses.replace(s, pilots=(pend, *hedge), hedged=frozenset({pend.key}))
+        result = plan(later, cfg, t)
+        assert not [a for a in result.actions if isinstance(a, Submit | Cancel)]
+        assert result.hedges == ()
 
 
 @settings(max_examples=60, deadline=None)

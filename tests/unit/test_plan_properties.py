@@ -54,7 +54,6 @@ def configs(draw: st.DrawFn) -> Config:
         lead_s=draw(st.sampled_from((0, 240, 3600))),
         factor=draw(st.sampled_from((0, 1.0, 2.5))),
         max_jobs=draw(st.sampled_from((0, 3, 64))),
-        min_arrivals=draw(st.sampled_from((1, 10))),
     )
     return config(*sites, max_submit=draw(st.integers(0, 12)),
                   release_cycles=draw(st.integers(1, 3)),

@@ -17,7 +17,7 @@ from provisioner.plan import plan, reserve_size
 from .helpers import NOW, config, pilot, site, snap
 
 ONE = JobShape(1, 2000)
-RES = ReserveConfig(window_s=900, lead_s=240, factor=2.5, max_jobs=64, min_arrivals=1)
+RES = ReserveConfig(window_s=900, lead_s=240, factor=2.5, max_jobs=64)
 
 
 def submits(p):  # type: ignore[no-untyped-def]
@@ -186,5 +186,9 @@ def test_reserve_decays_once_arrivals_stop(arrivals: int, quiet: float, more: fl
 
 
 def test_a_handful_of_arrivals_is_not_a_rate() -> None:
-    cfg = config(reserve=RES.model_copy(update={"min_arrivals": 10}))
-    assert reserve_size(9, 900, cfg) == 0 and reserve_size(10, 900, cfg) > 0
+    """Jobs submitted at once (the controller saw them arrive at 2 distinct times) make
+    no reserve; the same count arriving at 4 distinct times does."""
+    cfg = config(reserve=RES)
+    s = snap(arrivals=[(ONE, 12)])
+    assert plan(dataclasses.replace(s, arrival_times=2), cfg, NOW).reserve_jobs == 0
+    assert plan(dataclasses.replace(s, arrival_times=4), cfg, NOW).reserve_jobs > 0
