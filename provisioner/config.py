@@ -80,7 +80,10 @@ class ReserveConfig(_Model):
     #: Jobs that arrived at fewer distinct times (cycles that saw a newer job) than this
     #: within ``evidence_s`` are not a rate (a handful submitted at once): no reserve.
     min_arrival_times: int = Field(default=4, ge=1)
-    evidence_s: float = Field(default=3600, gt=0)
+    evidence_s: float = Field(default=7200, gt=0)
+    #: Sparse arrivals: the window grows to span this many mean gaps between arrival
+    #: times (at most ``evidence_s``), so a job every ten minutes is still a rate.
+    window_gaps: float = Field(default=4.0, gt=0)
     #: Arrivals that stopped: once no job has arrived for ``quiet_gaps`` mean gaps between
     #: arrivals (window / arrivals), the reserve decays by e every ``lead_s``.
     quiet_gaps: float = Field(default=3.0, gt=0)
@@ -103,10 +106,10 @@ class PlacementConfig(_Model):
     #: Weight of a new observation in the moving averages.
     smoothing: float = Field(default=0.3, gt=0, le=1)
     tie_share: float = Field(default=0.25, ge=0)
-    #: A pending pilot counts as capacity until ``hedge_factor`` x the site's expected
-    #: wait + ``hedge_margin_s`` after its submission; then its jobs may be placed at
-    #: another site once (one hedge per pending pilot).
-    hedge_factor: float = Field(default=2.0, ge=1)
+    #: A pending pilot counts as capacity while it is expected to be usable no later than
+    #: a new pilot at the quickest site that can take one, plus this margin; after that
+    #: its jobs are placed anew (once: the new pilots are capacity themselves) and it is
+    #: kept pending while demand it could run is queued.
     hedge_margin_s: float = Field(default=300, ge=0)
     #: A pending pilot no demand needs is cancelled after this many such cycles in a row.
     pending_cancel_cycles: int = Field(default=3, ge=1)

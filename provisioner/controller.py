@@ -98,7 +98,8 @@ class Controller:
     cycles: int = 0
 
     def __post_init__(self) -> None:
-        self.history = QueueHistory(self.config.policy.reserve.window_s)
+        r = self.config.policy.reserve
+        self.history = QueueHistory(max(r.window_s, r.evidence_s))
         self.estimates = Estimates(self.config.policy.placement)
         self.breakers = Breakers(self.config.policy.breaker)
 
@@ -121,11 +122,19 @@ class Controller:
         return cycle_due(now, probe, self.mark, self.config.policy)
 
     # -- the reserve's window ----------------------------------------------------------
+    def window(self) -> float:
+        """The arrival window: ``window_s``, or longer when arrivals are sparse, so that it
+        spans ``window_gaps`` mean gaps between the distinct arrival times of the last
+        ``evidence_s`` (at most ``evidence_s``)."""
+        r = self.config.policy.reserve
+        gap = r.evidence_s / max(1, len(self.arrivals))
+        return max(r.window_s, min(r.evidence_s, r.window_gaps * gap))
+
     def arrivals_since(self, now: float) -> float | None:
         """Start of the arrival window to query at `now`; None when the reserve is off."""
         if not self.config.policy.reserve.enabled:
             return None
-        return self.history.baseline(now)[0]
+        return self.history.baseline(now, self.window())[0]
 
     # -- one cycle -----------------------------------------------------------------------
     def cycle(self, snapshot: Snapshot, now: float, queue: QueueSize | None = None,
@@ -147,11 +156,9 @@ class Controller:
         `commit`, this cycle's pilots are learnt from first."""
         known = {v.name for v in snapshot.sites if v.known}
         seen = [p for p in snapshot.pilots if p.site in known]
-        newest = snapshot.last_arrival_at
-        if commit and newest is not None and (not self.arrivals or newest > self.arrivals[-1]):
-            self.arrivals.append(newest)
-        while self.arrivals and self.arrivals[0] < now - self.config.policy.reserve.evidence_s:
-            self.arrivals.popleft()
+        since, size_then = self.history.baseline(now, self.window())  # as arrivals_since
+        if commit:
+            self._count_arrival(snapshot.last_arrival_at, now)
         if commit and snapshot.pool_known:
             self.estimates.observe(seen, now)
             self.transitions = self.breakers.observe(seen, known, now, self.ours)
@@ -162,7 +169,6 @@ class Controller:
         drained = {p.key: self.drained.get(p.key, 0) for p in snapshot.pilots
                    if drained_empty(p) and p.key not in self.releases}
         window, left = 0.0, None
-        since, size_then = self.history.baseline(now)
         if snapshot.pool_known and queue is not None:
             if commit:
                 self.history.record(now, queue.total)
@@ -175,6 +181,13 @@ class Controller:
                        unneeded_cycles=dict(self.unneeded), hedged=frozenset(self.hedged),
                        submit_limit=self.breakers.limits(in_flight), drained_cycles=drained,
                        arrival_times=len(self.arrivals))
+
+    def _count_arrival(self, newest: float | None, now: float) -> None:
+        """Remember the newest job's submission time if it is new; forget old ones."""
+        if newest is not None and (not self.arrivals or newest > self.arrivals[-1]):
+            self.arrivals.append(newest)
+        while self.arrivals and self.arrivals[0] < now - self.config.policy.reserve.evidence_s:
+            self.arrivals.popleft()
 
     def remember(self, snapshot: Snapshot, result: Plan, now: float) -> None:
         """Carry flags, idle observations, unneeded and drained counts and hedges over,

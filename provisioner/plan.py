@@ -40,13 +40,12 @@ from provisioner.model import (
     Pilot,
     PilotState,
     Plan,
-    SiteEstimate,
     SiteSummary,
     Snapshot,
     Submit,
 )
 from provisioner.packing import INF, BinGroup, CapacityIndex, Item, NewPilots
-from provisioner.placement import estimate_of, ranked, shares, site_leads
+from provisioner.placement import costs_of, ranked, shares, site_leads, slow_pending
 from provisioner.reserve import reserve_rows, reserve_size
 from provisioner.scaledown import carry_over, pilot_actions
 
@@ -105,25 +104,12 @@ def _deadline(p: Pilot, site: SiteConfig, now: float) -> float | None:
     return end
 
 
-def overdue(p: Pilot, config: Config, estimates: Mapping[str, SiteEstimate],
-            now: float) -> bool:
-    """A pending pilot past its expected start plus the hedge margin."""
-    placement = config.policy.placement
-    est = estimate_of(p.site, estimates, placement)
-    return (p.state is PilotState.PENDING and now - p.submitted_at
-            > placement.hedge_factor * est.wait_s + placement.hedge_margin_s)
-
-
-def site_rows(snapshot: Snapshot, config: Config, now: float, registry: list[BinGroup],
-              skip: frozenset[str] = frozenset()) -> dict[str, SiteRow]:
-    """One `SiteRow` per configured site, with its pilot counts and its existing capacity
-    as identical-bin groups (one index per tier); pilots in `skip` are no capacity."""
+def site_rows(snapshot: Snapshot, config: Config) -> dict[str, SiteRow]:
+    """One `SiteRow` per configured site with its pilot counts, its room for new pilots
+    (the tightest of its caps and its circuit breaker; none at a site not read this
+    cycle) and an empty `NewPilots`."""
     known = {v.name: v.known for v in snapshot.sites}
     rows = {s.name: SiteRow(s, known.get(s.name, False)) for s in config.sites}
-    tier_of = {state: i for i, state in enumerate(_TIERS)}
-    whole = (PilotState.PENDING, PilotState.STARTING)
-    raw: dict[tuple[str, int], dict[tuple[int, int, int], list[tuple[float, Pilot]]]] = (
-        defaultdict(lambda: defaultdict(list)))
     for p in snapshot.pilots:
         row = rows.get(p.site)
         if row is None:
@@ -132,8 +118,35 @@ def site_rows(snapshot: Snapshot, config: Config, now: float, registry: list[Bin
             row.alive += 1
         if p.state is PilotState.PENDING:
             row.pending += 1
+    for s in rows.values():
+        caps = s.config.caps
+        s.room = {
+            "max_pilots": caps.max_pilots - s.alive,
+            "max_pending": caps.max_pending - s.pending,
+            "site max_submit_per_cycle": caps.max_submit_per_cycle,
+        }
+        limit = snapshot.submit_limit.get(s.name)
+        if limit is not None:
+            s.room["circuit breaker"] = limit
+        allowed = max(0, min(s.room.values())) if s.known else 0
+        shape = s.config.pilot
+        s.new = NewPilots(shape.cpus, shape.memory_mb, shape.gpus, allowed, shape.pack_cpus)
+    return rows
+
+
+def add_capacity(sites: dict[str, SiteRow], snapshot: Snapshot, now: float,
+                 registry: list[BinGroup], skip: Iterable[str] = ()) -> None:
+    """Existing capacity as identical-bin groups, one index per site and tier; pilots in
+    `skip` are no capacity."""
+    skip = frozenset(skip)
+    tier_of = {state: i for i, state in enumerate(_TIERS)}
+    whole = (PilotState.PENDING, PilotState.STARTING)
+    raw: dict[tuple[str, int], dict[tuple[int, int, int], list[tuple[float, Pilot]]]] = (
+        defaultdict(lambda: defaultdict(list)))
+    for p in snapshot.pilots:
+        row = sites.get(p.site)
         tier = tier_of.get(p.state)
-        if tier is None or p.key in skip:
+        if row is None or tier is None or p.key in skip:
             continue
         if p.state in whole:
             free = (p.cpus, p.memory_mb, p.gpus)
@@ -152,8 +165,7 @@ def site_rows(snapshot: Snapshot, config: Config, now: float, registry: list[Bin
             untils = [u for u, _p in members]
             groups.append(BinGroup(c, m, g, untils[0], len(members),
                                    [p for _u, p in members], untils=untils))
-        rows[site_name].existing[tier] = CapacityIndex(groups, registry)
-    return rows
+        sites[site_name].existing[tier] = CapacityIndex(groups, registry)
 
 
 def _latest_first(member: tuple[float, Pilot]) -> float:
@@ -180,26 +192,8 @@ def fill_existing(rows: Iterable[Row], sites: dict[str, SiteRow], now: float,
                 break
 
 
-def open_sites(sites: dict[str, SiteRow], snapshot: Snapshot) -> None:
-    """Give every site its room for new pilots (the tightest of its caps) and an empty
-    `NewPilots`; a site not read this cycle gets none."""
-    for s in sites.values():
-        caps = s.config.caps
-        s.room = {
-            "max_pilots": caps.max_pilots - s.alive,
-            "max_pending": caps.max_pending - s.pending,
-            "site max_submit_per_cycle": caps.max_submit_per_cycle,
-        }
-        limit = snapshot.submit_limit.get(s.name)
-        if limit is not None:
-            s.room["circuit breaker"] = limit
-        allowed = max(0, min(s.room.values())) if s.known else 0
-        p = s.config.pilot
-        s.new = NewPilots(p.cpus, p.memory_mb, p.gpus, allowed, p.pack_cpus)
-
-
 def fill_new(rows: Iterable[Row], sites: dict[str, SiteRow], global_left: int,
-             leads: Mapping[str, float], tie_share: float) -> int:
+             costs: Mapping[str, float], tie_share: float) -> int:
     """Stage 3: each row's remaining jobs into new pilots, best sites first (`ranked`):
     sites of one tier share the row in proportion to the pilots they can still take, what
     one cannot take goes to the others, then to the next tier. Within each site's room
@@ -213,7 +207,7 @@ def fill_new(rows: Iterable[Row], sites: dict[str, SiteRow], global_left: int,
             for name in row.sites:
                 sites[name].offered_jobs += row.left
                 sites[name].offered_cpus += row.left * row.item.cpus
-        for tier in ranked(row, leads, min_cpus, tie_share):
+        for tier in ranked(row, costs, min_cpus, tie_share):
             if row.left == 0:
                 break
             capacity = [_takes(sites[name], row, left[0]) for name in tier]
@@ -302,15 +296,18 @@ def plan(snapshot: Snapshot, config: Config, now: float) -> Plan:
     if not snapshot.pool_known:
         return Plan(actions=())
     leads = site_leads(snapshot, config, now)
-    order = sorted(config.sites, key=lambda s: leads[s.name])  # stable: config order
-    known = {v.name for v in snapshot.sites if v.known}
-    # pending past their expected start: no capacity any more (their jobs are placed
-    # anew, once: the pilots that takes are pending capacity themselves), kept while
-    # demand they could run is queued
-    late = {p.key: p.site for p in snapshot.pilots
-            if p.site in known and overdue(p, config, snapshot.estimates, now)}
+    costs = costs_of(leads, config)
+    order = sorted(config.sites, key=lambda s: costs[s.name])  # stable: config order
+    sites = site_rows(snapshot, config)
+    sites = {s.name: sites[s.name] for s in order}
+    # pending pilots a new one elsewhere would beat: no capacity (their jobs are placed
+    # anew, once: the new pilots are capacity themselves), kept while demand they could
+    # run is queued
+    can_submit = [name for name, s in sites.items() if s.new is not None and s.new.allowed]
+    late = (slow_pending(snapshot, config, now, leads, can_submit)
+            if config.policy.max_submit_per_cycle > 0 else {})
     registry: list[BinGroup] = []
-    sites = site_rows(snapshot, config, now, registry, skip=frozenset(late))
+    add_capacity(sites, snapshot, now, registry, skip=late)
 
     rows, unmatchable = match_demand(snapshot.demand, order)
     ghosts = reserve_rows(snapshot, config, order, now)
@@ -318,10 +315,9 @@ def plan(snapshot: Snapshot, config: Config, now: float) -> Plan:
     floor = Item(cpus=min((r.item.cpus for r in everything), default=1),
                  memory_mb=min((r.item.memory_mb for r in everything), default=0))
     fill_existing(everything, sites, now, floor)
-    open_sites(sites, snapshot)
     tie = config.policy.placement.tie_share
-    global_left = fill_new(rows, sites, config.policy.max_submit_per_cycle, leads, tie)
-    global_left = fill_new(ghosts, sites, global_left, leads, tie)
+    global_left = fill_new(rows, sites, config.policy.max_submit_per_cycle, costs, tie)
+    global_left = fill_new(ghosts, sites, global_left, costs, tie)
     actions, summaries = submissions(sites.values(), rows, global_left)
 
     wanted = {name for r in rows for name in r.sites}
