@@ -3,10 +3,11 @@ jobs are shared among sites that are equally good.
 
 A site's *lead* is its expected SLURM queue wait plus boot time (`SiteEstimate`, learnt by
 the controller; defaults from `policy.placement` for a site without history), raised
-when its pending pilots have all waited longer (`site_leads`). The lead is divided by the site's weight: a weight scales, it does not order. A
-row that could not fill a site's smallest pilot is charged the cores that pilot would
-leave unused. Sites within `tie_share` of the best *share* a row; no site wins a tie by
-its name.
+when its pending pilots have all waited longer (`site_leads`). The lead is divided by
+the site's weight: a weight scales, it does not order. A row that could not fill a
+site's smallest pilot is charged the cores that pilot would leave unused. Sites within
+`tie_share` of the best *share* a row; no site wins a tie by its name. Pending pilots
+count as capacity only while no new pilot elsewhere would beat them (`slow_pending`).
 """
 
 from __future__ import annotations
