@@ -81,3 +81,28 @@ def test_queue_size_is_what_the_schedd_query_counts() -> None:
     total, older = world.queue_size(since)
     assert total == len(queued) > 0
     assert older == sum(1 for j in queued if j.spec.submit < since)
+
+
+def test_black_hole_site_is_cut_off_and_probed_with_backoff() -> None:
+    """Pilots at a site whose pilots never join: the circuit breaker opens after a few,
+    demand moves to the other site, and the site is probed ever more rarely."""
+    import dataclasses
+    import itertools
+
+    from bench.sim.scenarios import default_config, default_sites, make_policy
+    from bench.sim.world import World
+
+    sites = default_sites()
+    sites[0] = dataclasses.replace(sites[0], black_hole=True)  # gsi, the higher weight
+    config = default_config(sites)
+    world = World(sites, config, seed=7)
+    policy = make_policy("ours", config)
+    jobs = [j for j in TRACES["steady"](3) if j.submit < SHORT]
+    r = world.run(policy, jobs, duration=SHORT)
+    assert r.finished == r.jobs
+    late = sorted(p.submitted_at for p in world.all_pilots
+                  if p.site.name == "gsi" and p.submitted_at > HOUR)
+    assert 1 <= len(late) <= 5  # probes only, further and further apart
+    gaps = [b - a for a, b in itertools.pairwise(late)]
+    assert gaps == sorted(gaps)
+    assert policy.controller.breakers.status()["gsi"]["state"] in ("open", "half-open")
