@@ -71,7 +71,8 @@ class ReserveConfig(_Model):
     #: Window over which the service counts arrivals (jobs with QDate >= now - window_s).
     window_s: float = Field(default=900, gt=0)
     #: Expected time from a submission decision to a pilot taking jobs: cycle delay +
-    #: SLURM queue wait + pilot boot, at the sites the reserve goes to (highest weight).
+    #: SLURM queue wait + pilot boot. Used until a site's queue wait has been learnt;
+    #: then the quickest site's learnt lead (`provisioner.reserve.reserve_lead`) is.
     lead_s: float = Field(default=240, ge=0)
     #: Safety factor in standard deviations of net demand over one lead time.
     factor: float = Field(default=2.0, ge=0)
@@ -82,11 +83,14 @@ class ReserveConfig(_Model):
     min_arrival_times: int = Field(default=4, ge=1)
     evidence_s: float = Field(default=7200, gt=0)
     #: Sparse arrivals: the window grows to span this many mean gaps between arrival
-    #: times (at most ``evidence_s``), so a job every ten minutes is still a rate.
-    window_gaps: float = Field(default=4.0, gt=0)
+    #: times (at most ``evidence_s``), so a job every ten minutes is still a rate. More
+    #: than ``quiet_gaps``, so that a quiet spell decays the reserve before it empties
+    #: the window.
+    window_gaps: float = Field(default=8.0, gt=0)
     #: Arrivals that stopped: once no job has arrived for ``quiet_gaps`` mean gaps between
-    #: arrivals (window / arrivals), the reserve decays by e every ``lead_s``.
-    quiet_gaps: float = Field(default=3.0, gt=0)
+    #: arrivals (window / arrivals), the reserve decays by e every lead time. A Poisson
+    #: stream leaves a gap that long with probability exp(-quiet_gaps) (5: under 1 %).
+    quiet_gaps: float = Field(default=5.0, gt=0)
 
 
 class PlacementConfig(_Model):

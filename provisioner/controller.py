@@ -93,6 +93,7 @@ class Controller:
     drained: dict[str, int] = field(default_factory=dict)  # drained-empty key -> cycles
     ours: set[str] = field(default_factory=set)  # pilots we released or cancelled
     arrivals: deque[float] = field(default_factory=deque)  # distinct arrival times
+    reserves: deque[tuple[float, int]] = field(default_factory=deque)  # (time, wanted)
     #: circuit-breaker state changes seen by the last cycle (the service logs them)
     transitions: list[str] = field(default_factory=list)
     cycles: int = 0
@@ -180,7 +181,8 @@ class Controller:
                        recent_departures=left, estimates=dict(self.estimates.sites),
                        unneeded_cycles=dict(self.unneeded), hedged=frozenset(self.hedged),
                        submit_limit=self.breakers.limits(in_flight), drained_cycles=drained,
-                       arrival_times=len(self.arrivals))
+                       arrival_times=len(self.arrivals),
+                       reserve_hold=max((n for _t, n in self.reserves), default=0))
 
     def _count_arrival(self, newest: float | None, now: float) -> None:
         """Remember the newest job's submission time if it is new; forget old ones."""
@@ -193,6 +195,9 @@ class Controller:
         """Carry flags, idle observations, unneeded and drained counts and hedges over,
         and set the cadence mark."""
         self.flagged, self.idle_cycles = carry_over(snapshot, result, now)
+        self.reserves.append((now, result.reserve_sized))
+        while self.reserves and self.reserves[0][0] <= now - result.reserve_lead_s:
+            self.reserves.popleft()
         if snapshot.pool_known:
             known = {v.name for v in snapshot.sites if v.known}
             present = {p.key for p in snapshot.pilots}

@@ -10,7 +10,7 @@ per site and serialise to a plain dict, which the service persists in its journa
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from provisioner.config import PlacementConfig
@@ -57,8 +57,7 @@ class Estimates:
             self.sites[site] = SiteEstimate(w, old.boot_s, old.samples + 1)
         if boot is not None:
             old = self.sites.get(site, old)
-            self.sites[site] = SiteEstimate(old.wait_s, (1 - a) * old.boot_s + a * boot,
-                                            old.samples)
+            self.sites[site] = replace(old, boot_s=(1 - a) * old.boot_s + a * boot)
 
     def to_dict(self) -> dict[str, dict[str, float]]:
         """A JSON-able copy: site -> {wait_s, boot_s, samples}."""

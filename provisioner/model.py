@@ -88,7 +88,7 @@ class SiteView:
 class SiteEstimate:
     """What the controller has learnt about a site's lead time (seconds)."""
 
-    wait_s: float  # SLURM queue wait: submit -> start
+    wait_s: float  # SLURM queue wait: submit -> start (moving average)
     boot_s: float  # start -> startd in the pool
     samples: int = 0  # queue waits observed (0: a configured default)
 
@@ -119,6 +119,10 @@ class Snapshot:
     # Distinct times at which jobs arrived within `policy.reserve.evidence_s` (counted by
     # the controller; None: not counted, taken as enough).
     arrival_times: int | None = None
+    #: The largest reserve wanted over the last lead time (the controller's): the reserve
+    #: follows the queue down one lead time late, so noise in its estimate does not
+    #: release pilots that the next arrivals need.
+    reserve_hold: int = 0
     # What the controller carries between cycles (all optional for a plain snapshot):
     #: site -> learnt lead time; sites absent use `policy.placement` defaults.
     estimates: dict[str, SiteEstimate] = field(default_factory=dict)
@@ -207,6 +211,8 @@ class Plan:
     unplaced_jobs: int = 0  # matchable idle jobs left without capacity because of caps
     reserve_jobs: int = 0  # reserve job slots wanted this cycle (policy.reserve)
     reserve_held: int = 0  # of which placed in existing or new pilots
+    reserve_sized: int = 0  # what the arrivals asked for (reserve_jobs also holds)
+    reserve_lead_s: float = 0.0  # the lead time the reserve was sized for
     #: pending pilots no demand needed this cycle (kept or cancelled, see hysteresis)
     unneeded: tuple[str, ...] = ()
     #: pending pilots past their expected start whose jobs were placed anew this cycle

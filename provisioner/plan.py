@@ -46,7 +46,7 @@ from provisioner.model import (
 )
 from provisioner.packing import INF, BinGroup, CapacityIndex, Item, NewPilots
 from provisioner.placement import costs_of, ranked, shares, site_leads, slow_pending
-from provisioner.reserve import reserve_rows, reserve_size
+from provisioner.reserve import reserve_lead, reserve_rows, reserve_size
 from provisioner.scaledown import carry_over, pilot_actions
 
 __all__ = ["SiteRow", "carry_over", "demand_of", "item_of", "plan", "reserve_size",
@@ -310,7 +310,7 @@ def plan(snapshot: Snapshot, config: Config, now: float) -> Plan:
     add_capacity(sites, snapshot, now, registry, skip=late)
 
     rows, unmatchable = match_demand(snapshot.demand, order)
-    ghosts = reserve_rows(snapshot, config, order, now)
+    ghosts, sized = reserve_rows(snapshot, config, order, now)
     everything = rows + ghosts
     floor = Item(cpus=min((r.item.cpus for r in everything), default=1),
                  memory_mb=min((r.item.memory_mb for r in everything), default=0))
@@ -333,6 +333,8 @@ def plan(snapshot: Snapshot, config: Config, now: float) -> Plan:
         unplaced_jobs=sum(r.left for r in rows),
         reserve_jobs=reserve,
         reserve_held=reserve - sum(r.left for r in ghosts),
+        reserve_sized=sized,
+        reserve_lead_s=reserve_lead(snapshot, config) if ghosts or sized else 0.0,
         unneeded=tuple(unneeded),
         hedges=tuple(sorted(set(late) - snapshot.hedged)) if actions else (),
     )

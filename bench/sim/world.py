@@ -229,8 +229,16 @@ class World:
             sites=tuple(SiteView(name, True) for name in self.sites),
             recent_arrivals=(self.recent_arrivals(self.now - arrivals_since)
                              if arrivals_since is not None else ()),
-            last_arrival_at=self._submit_times[-1] if self._submit_times else None,
+            last_arrival_at=self._newest_queued(),
         )
+
+    def _newest_queued(self) -> float | None:
+        """The latest submission time of a job still in the queue (the service's newest
+        QDate), None for an empty queue."""
+        for job in reversed(self.jobs):
+            if job.end is None:
+                return job.spec.submit
+        return None
 
     # -- actions ------------------------------------------------------------------------------
     def apply(self, actions: Iterable[Action]) -> None:

@@ -20,12 +20,14 @@ class FakePool:
     arrivals: tuple[Demand, ...] = ()  # returned when asked for arrivals
     total: int = 0
     older: int = 0
+    newest: float | None = None
 
     def queue(self, arrivals_since: float | None = None) -> QueueView:
         if self.fail:
             raise PoolUnreachable("schedd down")
         arrivals = self.arrivals if arrivals_since is not None else ()
-        return QueueView(self.demand, self.running_on, arrivals, self.total, self.older)
+        return QueueView(self.demand, self.running_on, arrivals, self.total, self.older,
+                         self.newest)
 
     def pilot_ads(self) -> dict[str, PilotAd]:
         if self.fail:

@@ -38,6 +38,7 @@ class Recording(PlanPolicy):
 def show(pool: FakePool, backends: dict[str, FakeBackend], snap: Snapshot) -> None:
     """Make the fakes show what the simulator showed its policy."""
     pool.demand, pool.arrivals = snap.demand, snap.recent_arrivals
+    pool.newest = snap.last_arrival_at
     pool.ads = {}
     for b in backends.values():
         b.jobs = []

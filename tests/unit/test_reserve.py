@@ -167,7 +167,7 @@ def test_reserve_split_gives_rare_shapes_more_than_their_count() -> None:
 
     cfg = config(reserve=RES)
     eight = JobShape(8, 16000)
-    rows = reserve_rows(snap(arrivals=[(ONE, 90), (eight, 10)]), cfg, cfg.sites, NOW)
+    rows, _size = reserve_rows(snap(arrivals=[(ONE, 90), (eight, 10)]), cfg, cfg.sites, NOW)
     assert {(r.item.cpus, r.jobs) for r in rows} == {(1, 14), (8, 5)}
 
 

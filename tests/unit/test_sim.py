@@ -85,9 +85,8 @@ def test_queue_size_is_what_the_schedd_query_counts() -> None:
 
 def test_black_hole_site_is_cut_off_and_probed_with_backoff() -> None:
     """Pilots at a site whose pilots never join: the circuit breaker opens after a few,
-    demand moves to the other site, and the site is probed ever more rarely."""
+    demand moves to the other site, and the site is probed with a growing back-off."""
     import dataclasses
-    import itertools
 
     from bench.sim.scenarios import default_config, default_sites, make_policy
     from bench.sim.world import World
@@ -102,7 +101,7 @@ def test_black_hole_site_is_cut_off_and_probed_with_backoff() -> None:
     assert r.finished == r.jobs
     late = sorted(p.submitted_at for p in world.all_pilots
                   if p.site.name == "gsi" and p.submitted_at > HOUR)
-    assert 1 <= len(late) <= 5  # probes only, further and further apart
-    gaps = [b - a for a, b in itertools.pairwise(late)]
-    assert gaps == sorted(gaps)
-    assert policy.controller.breakers.status()["gsi"]["state"] in ("open", "half-open")
+    assert 1 <= len(late) <= 5  # probes only
+    breaker = policy.controller.breakers.sites["gsi"]
+    assert breaker.state in ("open", "half-open")
+    assert breaker.backoff_s >= 4 * config.policy.breaker.backoff_s  # it kept doubling
