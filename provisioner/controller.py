@@ -123,19 +123,21 @@ class Controller:
         return cycle_due(now, probe, self.mark, self.config.policy)
 
     # -- the reserve's window ----------------------------------------------------------
-    def window(self) -> float:
-        """The arrival window: ``window_s``, or longer when arrivals are sparse, so that it
-        spans ``window_gaps`` mean gaps between the distinct arrival times of the last
-        ``evidence_s`` (at most ``evidence_s``)."""
+    def window(self, now: float) -> float:
+        """The arrival window at `now`: ``window_s``, or longer when arrivals are sparse,
+        so that it spans ``window_gaps`` mean gaps between the distinct arrival times seen
+        over the last ``evidence_s`` (at most ``evidence_s``)."""
         r = self.config.policy.reserve
-        gap = r.evidence_s / max(1, len(self.arrivals))
+        if not self.arrivals:
+            return r.evidence_s
+        gap = max(now - self.arrivals[0], 0.0) / len(self.arrivals)
         return max(r.window_s, min(r.evidence_s, r.window_gaps * gap))
 
     def arrivals_since(self, now: float) -> float | None:
         """Start of the arrival window to query at `now`; None when the reserve is off."""
         if not self.config.policy.reserve.enabled:
             return None
-        return self.history.baseline(now, self.window())[0]
+        return self.history.baseline(now, self.window(now))[0]
 
     # -- one cycle -----------------------------------------------------------------------
     def cycle(self, snapshot: Snapshot, now: float, queue: QueueSize | None = None,
@@ -157,7 +159,7 @@ class Controller:
         `commit`, this cycle's pilots are learnt from first."""
         known = {v.name for v in snapshot.sites if v.known}
         seen = [p for p in snapshot.pilots if p.site in known]
-        since, size_then = self.history.baseline(now, self.window())  # as arrivals_since
+        since, size_then = self.history.baseline(now, self.window(now))  # as arrivals_since
         if commit:
             self._count_arrival(snapshot.last_arrival_at, now)
         if commit and snapshot.pool_known:

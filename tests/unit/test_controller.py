@@ -83,3 +83,26 @@ def test_flag_is_confirmed_by_the_next_quick_check_even_if_it_comes_early() -> N
     ctl.mark = CycleMark(at=1000.0, idle_jobs=0, flagged=1)
     assert ctl.due(1019.99, Probe(0)) == "confirm flagged pilots"
     assert ctl.due(1015.0, Probe(0)) == ""
+
+
+def test_reserve_is_held_one_lead_time_and_sparse_arrivals_widen_the_window() -> None:
+    from dataclasses import replace
+
+    from provisioner.model import Plan
+
+    ctl = Controller(default_config(default_sites()))
+    r = ctl.config.policy.reserve
+    assert ctl.window(1000.0) == r.evidence_s  # nothing seen yet: the widest window
+    for i in range(40):  # one arrival every 30 s
+        ctl._count_arrival(1000.0 + 30 * i, 1000.0 + 30 * i)
+    assert ctl.window(2200.0) == r.window_s
+    for i in range(6):  # then one every 10 minutes
+        ctl._count_arrival(10000.0 + 600 * i, 10000.0 + 600 * i)
+    # the evidence now holds 6 arrivals over 3000 s: the window spans 8 of their gaps
+    assert ctl.window(13000.0) == r.window_gaps * 3000 / 6 > r.window_s
+    snap = Snapshot(demand=(), pilots=(), sites=())
+    ctl.remember(snap, Plan((), reserve_jobs=9, reserve_sized=9, reserve_lead_s=200), 5000.0)
+    ctl.remember(snap, Plan((), reserve_jobs=9, reserve_sized=2, reserve_lead_s=200), 5100.0)
+    assert ctl.prepare(snap, 5150.0, commit=False).reserve_hold == 9
+    ctl.remember(snap, Plan((), reserve_jobs=9, reserve_sized=2, reserve_lead_s=200), 5250.0)
+    assert ctl.prepare(replace(snap), 5260.0, commit=False).reserve_hold == 2
