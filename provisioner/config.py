@@ -80,7 +80,7 @@ class ReserveConfig(_Model):
     max_jobs: int = Field(default=64, ge=0)
     #: Jobs that arrived at fewer distinct times (cycles that saw a newer job) than this
     #: within ``evidence_s`` are not a rate (a handful submitted at once): no reserve.
-    min_arrival_times: int = Field(default=4, ge=1)
+    min_arrival_times: int = Field(default=3, ge=1)
     evidence_s: float = Field(default=7200, gt=0)
     #: Sparse arrivals: the window grows to span this many mean gaps between arrival
     #: times (at most ``evidence_s``), so a job every ten minutes is still a rate. More
