@@ -44,17 +44,26 @@ class ReserveConfig(_Model):
     """Predictive headroom: free job slots kept for jobs that are about to arrive.
 
     A job arriving while every pilot is busy waits for a new pilot: cycle delay, SLURM
-    queue wait and boot (the *lead time*). The reserve is a base stock over one lead time:
-    ``min(max_jobs, ceil(growth + factor * sqrt(a + d)))`` job slots are kept free, where
-    ``a`` and ``d`` are the matchable jobs expected to arrive and to leave the queue during
-    one lead time (counted over the last ``window_s``, scaled by ``lead_s / window_s``;
-    `Snapshot.recent_arrivals` and `Snapshot.recent_departures`; ``d`` is counted at most
-    up to ``a``, so a shrinking queue keeps the steady reserve). ``sqrt(a + d)`` is the
-    standard deviation of the queue's growth over one lead time when both are Poisson, so
-    ``factor`` is a safety factor in standard deviations. ``growth`` is the expected
-    growth ``a - d`` (a campaign ramping up) less one standard deviation of its estimate,
-    and never negative: a steady queue's sampling noise adds nothing. While departures
-    are unknown (the service has not yet watched the queue for one window) ``d = a``.
+    queue wait and boot (the *lead time*: ``lead_s`` until the controller has learnt the
+    quickest site's, then that one). The reserve is a base stock over one lead time,
+    ``min(max_jobs, ceil(growth + service))`` free job slots, where ``a`` and ``d`` are
+    the matchable jobs expected to arrive and to leave the queue during one lead time
+    (counted over the arrival window, scaled to one lead time; `Snapshot.recent_arrivals`
+    and `Snapshot.recent_departures`; ``d`` is counted at most up to ``a``, so a
+    shrinking queue keeps the steady reserve; unknown: ``d = a``). ``growth`` is the
+    expected growth ``a - d`` (a campaign ramping up) less one standard deviation of its
+    estimate, never negative. ``service`` meets two service levels with ``eps`` the
+    normal tail beyond ``factor`` standard deviations: the slots run out within a lead
+    time with probability about ``eps`` (``factor * sqrt(a + d)``), and at most a share
+    ``eps`` of the arriving jobs find none (exact Poisson sums: a sparse stream, where the
+    normal approximation keeps too few; `provisioner.reserve.reserve_size`).
+
+    A reserve must pay for itself at every scale: jobs that arrived at fewer than
+    ``min_arrival_times`` distinct times within ``evidence_s`` are not a rate (a batch
+    submitted at once makes no reserve); sparse arrivals widen the window to
+    ``window_gaps`` of their gaps; once nothing arrived for ``quiet_gaps`` gaps the
+    reserve decays by e every lead time; a size the arrivals no longer ask for is held
+    one lead time (noise in the estimate does not release pilots the next jobs need).
     Slots are split over the recent arrivals by core count in proportion to the square
     root of their numbers (a rare shape's arrivals vary relatively more, so it gets more
     than its count); a slot takes the largest memory seen for its core count. They are
@@ -62,9 +71,9 @@ class ReserveConfig(_Model):
     not released), then into new pilots within what the caps leave.
 
     Cost: the reserve is idle allocation, about ``factor * sqrt(2 * a)`` cores at all times
-    while jobs arrive at a steady rate. It buys short waits: the bench's frontier table
-    (`make bench`) shows efficiency and wait p95 for several factors. ``enabled: false``
-    or ``factor: 0`` turns it off; no recent arrivals means no reserve.
+    while jobs arrive at a steady rate (a few slots for a sparse stream). It buys short
+    waits: the bench's frontier table (`make bench`) shows efficiency and wait p95 for
+    several factors. ``enabled: false`` or ``factor: 0`` turns it off.
     """
 
     enabled: bool = True
@@ -74,8 +83,9 @@ class ReserveConfig(_Model):
     #: SLURM queue wait + pilot boot. Used until a site's queue wait has been learnt;
     #: then the quickest site's learnt lead (`provisioner.reserve.reserve_lead`) is.
     lead_s: float = Field(default=240, ge=0)
-    #: Safety factor in standard deviations of net demand over one lead time.
-    factor: float = Field(default=2.0, ge=0)
+    #: Safety factor in standard deviations of net demand over one lead time (2.5: the
+    #: slots run out, or a job finds none, with probability 0.6 %).
+    factor: float = Field(default=2.5, ge=0)
     #: Upper bound on reserved job slots (over all sites).
     max_jobs: int = Field(default=64, ge=0)
     #: Jobs that arrived at fewer distinct times (cycles that saw a newer job) than this
