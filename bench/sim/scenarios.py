@@ -18,27 +18,31 @@ from provisioner.config import (
 POLICIES = ("prototype", "cobald", "ours")
 
 
+def _site(name: str, cpus: int, memory_mb: int, walltime_s: int, margin_s: int,
+          caps: tuple[int, int, int], min_cpus: int = 1, target_cpus: int | None = None,
+          per_cpu_mb: int = 4000, weight: float = 1.0) -> SiteConfig:
+    """The provisioner's configuration for one simulated site; caps are (max_pilots,
+    max_pending, max_submit_per_cycle)."""
+    return SiteConfig(
+        name=name, max_walltime_s=max(walltime_s, 3 * 86400), template="gsi.sh.j2",
+        image="/opt/images/pilot.sif", weight=weight,
+        pilot=PilotShapeConfig(cpus=cpus, min_cpus=min_cpus, target_cpus=target_cpus,
+                               memory_mb=memory_mb, memory_per_cpu_mb=per_cpu_mb,
+                               walltime_s=walltime_s, shutdown_margin_s=margin_s),
+        caps=CapsConfig(max_pilots=caps[0], max_pending=caps[1],
+                        max_submit_per_cycle=caps[2]),
+    )
+
+
 def default_sites(gsi_target: int | None = 1, frankfurt_target: int | None = 1,
                   frankfurt_min_cpus: int = 1) -> list[SiteModel]:
     """A GSI-like cluster (shared nodes, per-core allocation) and a Frankfurt-like one
     (bigger nodes, longer queue wait)."""
-    gsi = SiteConfig(
-        name="gsi", max_walltime_s=3 * 86400, template="gsi.sh.j2",
-        image="/opt/images/pilot.sif", weight=2.0,
-        pilot=PilotShapeConfig(cpus=16, min_cpus=1, target_cpus=gsi_target,
-                               memory_mb=64000, memory_per_cpu_mb=4000,
-                               walltime_s=86400, shutdown_margin_s=7200),
-        caps=CapsConfig(max_pilots=480, max_pending=60, max_submit_per_cycle=60),
-    )
-    frankfurt = SiteConfig(
-        name="frankfurt", max_walltime_s=3 * 86400, template="frankfurt.sh.j2",
-        image="/opt/images/pilot.sif", weight=1.0,
-        pilot=PilotShapeConfig(cpus=40, min_cpus=frankfurt_min_cpus,
-                               target_cpus=frankfurt_target, memory_mb=192000,
-                               memory_per_cpu_mb=4800, walltime_s=86400,
-                               shutdown_margin_s=7200),
-        caps=CapsConfig(max_pilots=800, max_pending=60, max_submit_per_cycle=60),
-    )
+    gsi = _site("gsi", 16, 64000, 86400, 7200, (480, 60, 60), target_cpus=gsi_target,
+                weight=2.0)
+    frankfurt = _site("frankfurt", 40, 192000, 86400, 7200, (800, 60, 60),
+                      min_cpus=frankfurt_min_cpus, target_cpus=frankfurt_target,
+                      per_cpu_mb=4800)
     return [
         SiteModel(gsi, nodes=30, cores_per_node=16, mem_per_node_mb=64000,
                   wait_median_s=60, wait_sigma=1.0, boot_s=90),
@@ -52,22 +56,8 @@ def hetero_sites() -> list[SiteModel]:
     queue, 24 h walltime, pilots sized to the jobs from 1 core) and `slow` (queue wait
     ~20 min, 4 h walltime with a 30 min margin so jobs that state no runtime can be killed
     at walltime, whole 48-core nodes only)."""
-    fast = SiteConfig(
-        name="fast", max_walltime_s=86400, template="gsi.sh.j2",
-        image="/opt/images/pilot.sif", weight=1.0,
-        pilot=PilotShapeConfig(cpus=16, min_cpus=1, target_cpus=1, memory_mb=64000,
-                               memory_per_cpu_mb=4000, walltime_s=86400,
-                               shutdown_margin_s=7200),
-        caps=CapsConfig(max_pilots=400, max_pending=60, max_submit_per_cycle=60),
-    )
-    slow = SiteConfig(
-        name="slow", max_walltime_s=4 * 3600, template="frankfurt.sh.j2",
-        image="/opt/images/pilot.sif", weight=1.0,
-        pilot=PilotShapeConfig(cpus=48, min_cpus=48, memory_mb=192000,
-                               memory_per_cpu_mb=4000, walltime_s=4 * 3600,
-                               shutdown_margin_s=1800),
-        caps=CapsConfig(max_pilots=40, max_pending=20, max_submit_per_cycle=20),
-    )
+    fast = _site("fast", 16, 64000, 86400, 7200, (400, 60, 60), target_cpus=1)
+    slow = _site("slow", 48, 192000, 4 * 3600, 1800, (40, 20, 20), min_cpus=48)
     return [
         SiteModel(fast, nodes=24, cores_per_node=16, mem_per_node_mb=64000,
                   wait_median_s=60, wait_sigma=1.0, boot_s=90),

@@ -8,7 +8,7 @@ import dataclasses
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from provisioner.model import Cancel, JobShape, PilotState, SiteEstimate, Submit
+from provisioner.model import Cancel, JobShape, Pilot, PilotState, SiteEstimate, Snapshot, Submit
 from provisioner.placement import shares
 from provisioner.plan import plan
 
@@ -72,6 +72,15 @@ def test_a_slow_pending_pilot_makes_its_site_look_slow() -> None:
     assert new_jobs(result, "beta") == 10 and new_jobs(result, "alpha") == 0
 
 
+def pending_at_alpha(age: float, jobs: int) -> tuple[Pilot, Snapshot]:
+    """A pilot pending `age` seconds at alpha, `jobs` one-core jobs, both sites known to
+    wait 300 s."""
+    pend = pilot("1", PilotState.PENDING, site="alpha", submitted=NOW - age)
+    est = {"alpha": SiteEstimate(300, 90, 5), "beta": SiteEstimate(300, 90, 5)}
+    return pend, dataclasses.replace(snap([(ONE, jobs)], [pend], sites=("alpha", "beta")),
+                                     estimates=est)
+
+
 @settings(max_examples=60, deadline=None)
 @given(age=st.floats(0, 7200), jobs=st.integers(1, 8))
 def test_pending_pilot_blocks_placement_only_until_its_expected_start(
@@ -80,10 +89,7 @@ def test_pending_pilot_blocks_placement_only_until_its_expected_start(
     its jobs; after, they are placed anew, and the late pilot is kept (pending costs
     nothing) while they wait."""
     cfg = two_sites()
-    pend = pilot("1", PilotState.PENDING, site="alpha", submitted=NOW - age)
-    est = {"alpha": SiteEstimate(300, 90, 5), "beta": SiteEstimate(300, 90, 5)}
-    s = dataclasses.replace(snap([(ONE, jobs)], [pend], sites=("alpha", "beta")),
-                            estimates=est)
+    pend, s = pending_at_alpha(age, jobs)
     result = plan(s, cfg, NOW)
     # beta offers a slot in 300 + 90 s; the pilot is expected in max(300 - age, age) + 90
     late = max(300 - age, age) + 90 > 300 + 90 + cfg.policy.placement.hedge_margin_s
@@ -99,10 +105,7 @@ def test_at_most_one_hedge_per_pending_pilot(age: float, jobs: int, cycles: int)
     """Cycles after the hedge, with its pilot pending (not yet overdue), submit nothing
     more for the same jobs, and the hedge is not reported again."""
     cfg = two_sites()
-    pend = pilot("1", PilotState.PENDING, site="alpha", submitted=NOW - age)
-    est = {"alpha": SiteEstimate(300, 90, 5), "beta": SiteEstimate(300, 90, 5)}
-    s = dataclasses.replace(snap([(ONE, jobs)], [pend], sites=("alpha", "beta")),
-                            estimates=est)
+    pend, s = pending_at_alpha(age, jobs)
     first = plan(s, cfg, NOW)
     assert first.hedges == (pend.key,)
     wanted = [a for a in first.actions if isinstance(a, Submit) for _ in range(a.count)]
