@@ -362,6 +362,15 @@ class Provisioner:
         return self.run_cycle(reason, now=now)
 
 
+def breakers_of(journal: Journal) -> dict[str, dict[str, Any]]:
+    """The circuit breakers the last cycle left, as `provisioner status` shows them:
+    site -> {state: closed|open|half-open, failures, until (epoch s), backoff_s, reason};
+    sites never tripped are absent."""
+    state = journal.get("controller") or {}
+    breakers = state.get("breakers") if isinstance(state, dict) else None
+    return dict(breakers) if isinstance(breakers, dict) else {}
+
+
 def action_target(text: str) -> tuple[str, str]:
     """(site, job id) of an action's text: "release gsi/12" or "submit 2 at gsi (...)"."""
     words = text.split()

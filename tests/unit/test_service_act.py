@@ -162,3 +162,23 @@ def test_young_starting_pilot_is_left_alone(world) -> None:  # type: ignore[no-u
                                     clock.t - 30, clock.t + 3600)]
     prov.run_cycle("test")
     assert backends["gsi"].calls == []
+
+
+def test_learnt_state_and_breakers_are_journalled_and_reloaded(world) -> None:  # type: ignore[no-untyped-def]
+    from provisioner.service import breakers_of
+
+    prov, _pool, backends, clock = world
+    journal = prov.journal
+    for i in range(3):  # three pilots at gsi start and vanish without joining
+        backends["gsi"].jobs = [SiteJob(str(i), SiteJobState.RUNNING, 4, 8000,
+                                        clock.t - 100, clock.t - 40, clock.t + 3000)]
+        prov.run_cycle("test")
+        clock.t += 30
+        backends["gsi"].jobs = []
+        prov.run_cycle("test")
+        clock.t += 30
+    assert breakers_of(journal)["gsi"]["state"] == "open"
+    assert journal.get("controller")["estimates"]["gsi"]["samples"] == 3
+    again = Provisioner(prov.config, pool=prov.pool, backends=backends, journal=journal,
+                        clock=clock)
+    assert again.controller.state() == prov.controller.state()
