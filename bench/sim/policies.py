@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bench.sim.world import SimPilot, SiteModel, World
+from bench.sim.entities import SimPilot, SiteModel
+from bench.sim.world import World
 from provisioner.cadence import Probe
 from provisioner.config import Config
 from provisioner.controller import Controller, QueueSize

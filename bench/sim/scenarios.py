@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from bench.sim.entities import Policy, SiteModel
 from bench.sim.policies import CobaldPolicy, PlanPolicy, PrototypePolicy
 from bench.sim.results import RunResult
 from bench.sim.traces import TRACES
-from bench.sim.world import Policy, SiteModel, World
+from bench.sim.world import World
 from provisioner.config import (
     CapsConfig,
     Config,
