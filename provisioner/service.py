@@ -25,7 +25,6 @@ from provisioner.model import (
     Cancel,
     Demand,
     Flag,
-    Pilot,
     PilotState,
     Plan,
     Release,
@@ -35,89 +34,20 @@ from provisioner.model import (
     Unflag,
 )
 from provisioner.pilot.script import render_pilot_script
+from provisioner.pilot_view import ad_busy, ad_only_pilots, merge_pilots, pilot_state, runs_jobs
 from provisioner.sites import make_backend
 from provisioner.sites.base import (
     BackendError,
     PilotRequest,
     SiteBackend,
     SiteJob,
-    SiteJobState,
 )
 
 log = logging.getLogger(__name__)
 
-def runs_jobs(site: str, job_id: str, running_on: frozenset[str]) -> bool:
-    """The schedd runs a job on this pilot's startd (named pilot-<site>-<job>@host)."""
-    prefix = f"pilot-{site}-{job_id}@"
-    return any(name.startswith(prefix) for name in running_on)
-
-
-def ad_busy(ad: PilotAd, running_on: frozenset[str]) -> bool:
-    """Claimed resources per the collector, or a running job per the schedd."""
-    return (ad.claimed_slots > 0 or ad.free_cpus < ad.cpus
-            or ad.free_memory_mb < ad.memory_mb or ad.name in running_on)
-
-
-def pilot_state(job: SiteJob, ad: PilotAd | None,
-                running_on: frozenset[str] = frozenset(), site: str = "") -> PilotState:
-    """The pilot's state from its SLURM job, its startd ad (None: no ad) and the
-    startds the schedd runs jobs on (busy even if its ad is missing, e.g. after
-    a collector restart)."""
-    if job.state is SiteJobState.PENDING:
-        return PilotState.PENDING
-    if job.state is SiteJobState.ENDING:
-        return PilotState.ENDING
-    if ad is None:
-        busy = runs_jobs(site, job.job_id, running_on)
-        return PilotState.BUSY if busy else PilotState.STARTING
-    if ad.draining:
-        return PilotState.DRAINING
-    if ad_busy(ad, running_on):
-        return PilotState.BUSY
-    return PilotState.IDLE
-
-
-def merge_pilots(site: str, jobs: list[SiteJob], ads: Mapping[str, PilotAd],
-                 running_on: frozenset[str] = frozenset()) -> list[Pilot]:
-    """One Pilot per live SLURM job of the site, with what its startd advertises."""
-    out = []
-    for job in jobs:
-        ad = ads.get(f"{site}/{job.job_id}")
-        state = pilot_state(job, ad, running_on, site)
-        up = state in (PilotState.IDLE, PilotState.BUSY, PilotState.DRAINING)
-        out.append(Pilot(
-            site=site,
-            job_id=job.job_id,
-            state=state,
-            cpus=ad.cpus if ad else job.cpus,
-            memory_mb=ad.memory_mb if ad else job.memory_mb,
-            submitted_at=job.submitted_at,
-            started_at=job.started_at,
-            walltime_end=(ad.walltime_end if ad and ad.walltime_end else job.ends_at),
-            # a draining pilot that runs anything shows no free cores (never "empty")
-            free_cpus=(0 if state is PilotState.DRAINING and ad and ad_busy(ad, running_on)
-                       else ad.free_cpus if up and ad else job.cpus),
-            free_memory_mb=ad.free_memory_mb if up and ad else job.memory_mb,
-            name=ad.name if ad else None,
-        ))
-    return out
-
-
-def ad_only_pilots(site: str, ads: Mapping[str, PilotAd], now: float,
-                   running_on: frozenset[str] = frozenset()) -> list[Pilot]:
-    """Pilots of a site whose squeue failed: what the collector shows, counted as is."""
-    out = []
-    for ad in ads.values():
-        if ad.site != site:
-            continue
-        busy = ad_busy(ad, running_on)
-        out.append(Pilot(site=site, job_id=ad.job_id,
-                         state=PilotState.BUSY if busy else PilotState.IDLE,
-                         cpus=ad.cpus, memory_mb=ad.memory_mb, submitted_at=now,
-                         walltime_end=ad.walltime_end, free_cpus=ad.free_cpus,
-                         free_memory_mb=ad.free_memory_mb, name=ad.name))
-    return out
-
+__all__ = ["CycleResult", "Observation", "Provisioner", "action_target", "ad_busy",
+           "breakers_of", "describe", "merge_pilots", "pilot_state", "run_forever",
+           "runs_jobs", "summary_line"]
 
 @dataclass
 class Observation:
