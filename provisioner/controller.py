@@ -187,8 +187,11 @@ class Controller:
                        reserve_hold=max((n for _t, n in self.reserves), default=0))
 
     def _count_arrival(self, newest: float | None, now: float) -> None:
-        """Remember the newest job's submission time if it is new; forget old ones."""
-        if newest is not None and (not self.arrivals or newest > self.arrivals[-1]):
+        """Remember the newest job's submission time if it is new, that is later than
+        the last one remembered by more than one quick check (a batch submitted over a
+        few seconds is one arrival time); forget old ones."""
+        apart = self.config.policy.quick_check_s
+        if newest is not None and (not self.arrivals or newest > self.arrivals[-1] + apart):
             self.arrivals.append(newest)
         while self.arrivals and self.arrivals[0] < now - self.config.policy.reserve.evidence_s:
             self.arrivals.popleft()

@@ -105,3 +105,29 @@ def test_black_hole_site_is_cut_off_and_probed_with_backoff() -> None:
     breaker = policy.controller.breakers.sites["gsi"]
     assert breaker.state in ("open", "half-open")
     assert breaker.backoff_s >= 4 * config.policy.breaker.backoff_s  # it kept doubling
+
+
+def test_a_handful_of_jobs_gets_no_reserve_pilots() -> None:
+    """The testbed's small workload on production defaults (reserve on): 8 one-minute
+    jobs, 4 more six minutes later, from zero pilots, at a quick site (SLURM wait ~1 s,
+    boot 7 s, 4-core pilots). Two batches are not a rate: no reserve, no pilot started
+    that no job uses."""
+    from bench.sim.entities import SiteModel
+    from bench.sim.scenarios import _site, make_policy
+    from bench.sim.traces import JobSpec
+    from bench.sim.world import World
+    from provisioner.config import Config, PolicyConfig
+    from provisioner.model import JobShape
+
+    site = SiteModel(_site("gsi", 4, 8000, 3600, 120, (10, 4, 5), min_cpus=4),
+                     nodes=2, cores_per_node=4, mem_per_node_mb=8000, wait_median_s=1,
+                     wait_sigma=0.1, boot_s=7)
+    config = Config(policy=PolicyConfig(), sites=(site.config,))
+    jobs = [JobSpec(i, 5.0 * (i >= 8) * 72 + i * 0.1, JobShape(1, 500), 60.0)
+            for i in range(12)]
+    world = World([site], config, seed=1, negotiate_s=10)
+    policy = make_policy("ours", config)
+    r = world.run(policy, jobs, duration=400)
+    assert r.finished == 12
+    assert r.pilots_never_claimed == 0
+    assert r.pilots_submitted <= 4  # two per batch of 8 and of 4 four-core-wide jobs
