@@ -130,3 +130,21 @@ def test_no_pending_pilot_is_cancelled_while_demand_for_it_persists(
         assert not cancelled
     else:
         assert bool(cancelled) == (cycles + 1 >= config().policy.placement.pending_cancel_cycles)
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 128), rooms=st.tuples(st.integers(1, 6), st.integers(1, 6)))
+def test_equal_sites_share_in_proportion_to_what_they_can_take(
+        n: int, rooms: tuple[int, int]) -> None:
+    """Equally quick sites split a row by the pilots each may still submit (16 jobs a
+    pilot here), within one job of the exact proportion."""
+    cfg = config(site("alpha", max_pilots=50, max_pending=50, max_submit=rooms[0]),
+                 site("beta", max_pilots=50, max_pending=50, max_submit=rooms[1]),
+                 max_submit=100)
+    result = plan(snap([(ONE, n)], sites=("alpha", "beta")), cfg, NOW)
+    cap = [16 * r for r in rooms]
+    got = [new_jobs(result, "alpha"), new_jobs(result, "beta")]
+    assert sum(got) == min(n, sum(cap))
+    for g, c in zip(got, cap, strict=True):
+        assert g <= c
+        assert abs(g - min(n, sum(cap)) * c / sum(cap)) <= 1
