@@ -148,3 +148,18 @@ def test_equal_sites_share_in_proportion_to_what_they_can_take(
     for g, c in zip(got, cap, strict=True):
         assert g <= c
         assert abs(g - min(n, sum(cap)) * c / sum(cap)) <= 1
+
+
+def test_no_pending_pilot_is_cancelled_in_a_cycle_that_submits() -> None:
+    """A pending pilot at alpha that no demand needed for long is not cancelled while the
+    same cycle submits a pilot (it would be replaced by an equivalent one)."""
+    pend = pilot("1", PilotState.PENDING, site="alpha", cpus=1, memory_mb=4000)
+    only_beta = JobShape(1, 2000, desired_sites=("beta",))
+    s = dataclasses.replace(snap([(only_beta, 1)], [pend], sites=("alpha", "beta")),
+                            unneeded_cycles={pend.key: 10})
+    result = plan(s, two_sites(), NOW)
+    assert [a.site for a in result.actions if isinstance(a, Submit)] == ["beta"]
+    assert not [a for a in result.actions if isinstance(a, Cancel)]
+    quiet = dataclasses.replace(s, demand=())
+    assert [a.pilot.key for a in plan(quiet, two_sites(), NOW).actions
+            if isinstance(a, Cancel)] == [pend.key]
