@@ -7,30 +7,23 @@ from bench.sim.policies import CobaldPolicy, PlanPolicy, PrototypePolicy
 from bench.sim.results import RunResult
 from bench.sim.traces import TRACES
 from bench.sim.world import World
-from provisioner.config import (
-    CapsConfig,
-    Config,
-    PilotShapeConfig,
-    PolicyConfig,
-    ReserveConfig,
-    SiteConfig,
-)
+from provisioner import config as cf
 
 POLICIES = ("prototype", "cobald", "ours")
 
 
 def _site(name: str, cpus: int, memory_mb: int, walltime_s: int, margin_s: int,
           caps: tuple[int, int, int], min_cpus: int = 1, target_cpus: int | None = None,
-          per_cpu_mb: int = 4000, weight: float = 1.0) -> SiteConfig:
+          per_cpu_mb: int = 4000, weight: float = 1.0) -> cf.SiteConfig:
     """The provisioner's configuration for one simulated site; caps are (max_pilots,
     max_pending, max_submit_per_cycle)."""
-    return SiteConfig(
+    return cf.SiteConfig(
         name=name, max_walltime_s=max(walltime_s, 3 * 86400), template="gsi.sh.j2",
         image="/opt/images/pilot.sif", weight=weight,
-        pilot=PilotShapeConfig(cpus=cpus, min_cpus=min_cpus, target_cpus=target_cpus,
+        pilot=cf.PilotShapeConfig(cpus=cpus, min_cpus=min_cpus, target_cpus=target_cpus,
                                memory_mb=memory_mb, memory_per_cpu_mb=per_cpu_mb,
                                walltime_s=walltime_s, shutdown_margin_s=margin_s),
-        caps=CapsConfig(max_pilots=caps[0], max_pending=caps[1],
+        caps=cf.CapsConfig(max_pilots=caps[0], max_pending=caps[1],
                         max_submit_per_cycle=caps[2]),
     )
 
@@ -77,17 +70,17 @@ SCENARIOS: tuple[tuple[str, str], ...] = (
 )
 
 
-def default_config(sites: list[SiteModel], reserve: ReserveConfig | None = None) -> Config:
+def default_config(sites: list[SiteModel], reserve: cf.ReserveConfig | None = None) -> cf.Config:
     """The configuration `ours` runs with; the reserve is the default one unless given."""
-    return Config(
-        policy=PolicyConfig(interval_s=300, quick_check_s=20, min_cycle_gap_s=10,
-                            idle_release_cycles=2, max_submit_per_cycle=120,
-                            reserve=reserve or ReserveConfig()),
+    return cf.Config(
+        policy=cf.PolicyConfig(interval_s=300, quick_check_s=20, min_cycle_gap_s=10,
+                               idle_release_cycles=2, max_submit_per_cycle=120,
+                               reserve=reserve or cf.ReserveConfig()),
         sites=tuple(s.config for s in sites),
     )
 
 
-def make_policy(name: str, config: Config) -> Policy:
+def make_policy(name: str, config: cf.Config) -> Policy:
     if name == "ours":
         return PlanPolicy(config)
     if name == "prototype":
@@ -99,7 +92,7 @@ def make_policy(name: str, config: Config) -> Policy:
 
 def run_scenario(policy: str, trace: str, seed: int = 1, duration: float = 2 * 86400,
                  sites: list[SiteModel] | str | None = None,
-                 reserve: ReserveConfig | None = None) -> RunResult:
+                 reserve: cf.ReserveConfig | None = None) -> RunResult:
     """One simulated run: `policy` over `trace` generated with `seed`, on `sites` (a
     list, or the name of a site set; default: the default sites)."""
     name = trace
