@@ -21,10 +21,10 @@ def _site(name: str, cpus: int, memory_mb: int, walltime_s: int, margin_s: int,
         name=name, max_walltime_s=max(walltime_s, 3 * 86400), template="gsi.sh.j2",
         image="/opt/images/pilot.sif", weight=weight,
         pilot=cf.PilotShapeConfig(cpus=cpus, min_cpus=min_cpus, target_cpus=target_cpus,
-                               memory_mb=memory_mb, memory_per_cpu_mb=per_cpu_mb,
-                               walltime_s=walltime_s, shutdown_margin_s=margin_s),
+                                  memory_mb=memory_mb, memory_per_cpu_mb=per_cpu_mb,
+                                  walltime_s=walltime_s, shutdown_margin_s=margin_s),
         caps=cf.CapsConfig(max_pilots=caps[0], max_pending=caps[1],
-                        max_submit_per_cycle=caps[2]),
+                           max_submit_per_cycle=caps[2]),
     )
 
 
