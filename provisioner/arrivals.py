@@ -20,17 +20,19 @@ class QueueHistory:
     window_s: float
     samples: deque[tuple[float, int]] = field(default_factory=deque)  # (time, jobs)
 
-    def baseline(self, now: float) -> tuple[float, int | None]:
+    def baseline(self, now: float, window_s: float | None = None) -> tuple[float, int | None]:
         """(start of the arrival window, queue size then): the newest sample at least
-        `window_s` old, or (now - window_s, None) while none is that old."""
+        `window_s` (at most the history's own) old, or (now - window_s, None) while none
+        is that old."""
+        window = self.window_s if window_s is None else min(window_s, self.window_s)
         best: tuple[float, int] | None = None
         for t, size in self.samples:
-            if t <= now - self.window_s:
+            if t <= now - window:
                 best = (t, size)
             else:
                 break
         if best is None:
-            return now - self.window_s, None
+            return now - window, None
         return best
 
     def record(self, now: float, size: int) -> None:

@@ -10,12 +10,17 @@ as long (at most `max_s`). A pilot that joined once counts as a success,
 whatever happens to it later.
 
 States: closed -> open -> half-open -> closed | open (longer).
+
+The controller (`provisioner.controller.Controller`) feeds it once per cycle and is told
+of every submission (`track`); the sites' states survive a restart through the journal
+(`to_dict`, `load`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -109,6 +114,34 @@ class SiteBreakers:
             return 0 if untested else 1
         return None
 
+    def limits(self, now: float, untested: Mapping[str, int]) -> dict[str, int]:
+        """`max_new` of every site that has a limit this cycle (the others absent);
+        `untested`: site -> its pilots pending or starting."""
+        out = {}
+        for site in self.states:
+            limit = self.max_new(site, now, untested.get(site, 0))
+            if limit is not None:
+                out[site] = limit
+        return out
+
     def snapshot(self, now: float) -> dict[str, str]:
         """Each site's breaker in words (for the journal and `provisioner status`)."""
         return {site: st.describe(now) for site, st in sorted(self.states.items())}
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """The sites' states, JSON-able (pilots being tracked are not kept: after a
+        restart the sites' queues name them again)."""
+        return {site: {"failures": st.failures, "open_until": st.open_until,
+                       "delay_s": st.delay_s, "probing": st.probing}
+                for site, st in sorted(self.states.items())}
+
+    def load(self, data: Mapping[str, Any]) -> None:
+        """Restore what `to_dict()` wrote; malformed entries are skipped."""
+        for site, e in data.items():
+            try:
+                until = e["open_until"]
+                self.states[str(site)] = BreakerState(
+                    int(e["failures"]), None if until is None else float(until),
+                    float(e["delay_s"]), bool(e["probing"]))
+            except (KeyError, TypeError, ValueError):
+                continue

@@ -11,6 +11,9 @@ from dataclasses import dataclass
 
 from provisioner.config import PolicyConfig
 
+#: Share of `quick_check_s` by which a period may fall short and still count as passed.
+SLACK = 0.1
+
 
 @dataclass(frozen=True)
 class Probe:
@@ -42,11 +45,16 @@ def cycle_due(now: float, probe: Probe, last: CycleMark | None, policy: PolicyCo
     the last cycle left demand unprovisioned because of caps. With a reserve, a pilot the
     last cycle saw idle that is no longer idle (a job took it) also makes a cycle due, so
     the reserve is topped up a cycle after it is drawn on, not when the queue grows.
+
+    Checks run on a timer, so one may come a few milliseconds short of a period after the
+    cycle it follows: periods count as passed within `SLACK` of their length (a flag is
+    confirmed by the next quick check, not the one after).
     """
     if last is None:
         return "first cycle"
     since = now - last.at
-    if since >= policy.interval_s:
+    slack = SLACK * policy.quick_check_s
+    if since >= policy.interval_s - slack:
         return "interval"
     if since < policy.min_cycle_gap_s:
         return ""
@@ -56,8 +64,8 @@ def cycle_due(now: float, probe: Probe, last: CycleMark | None, policy: PolicyCo
         return "pilot became idle"
     if last.reserve and last.idle_pilots - probe.idle_pilots:
         return "reserve drawn on"
-    if last.flagged and since >= policy.quick_check_s:
+    if last.flagged and since >= policy.quick_check_s - slack:
         return "confirm flagged pilots"
-    if last.unplaced and since >= policy.quick_check_s:
+    if last.unplaced and since >= policy.quick_check_s - slack:
         return "demand left over by caps"
     return ""

@@ -85,7 +85,7 @@ def cmd_once(config: Config, dry_run: bool) -> int:
 
 def cmd_status(config: Config) -> int:
     from provisioner.journal import Journal
-    from provisioner.service import Provisioner
+    from provisioner.service import Provisioner, breakers_of
 
     journal = Journal(config.journal)
     prov = Provisioner(config, journal=journal)
@@ -113,7 +113,7 @@ def cmd_status(config: Config) -> int:
     print(_table(rows, ["site", "job", "state", "cores used", "memory MB", "walltime left",
                         "flagged"]) if rows else "  no pilots")
     print("\nSites:")
-    breakers = journal.get("breakers", {}) or {}  # as the running service last saw them
+    breakers = breakers_of(journal)  # as the running service last saw them
     for view in snap.sites:
         counts = Counter(p.state.value for p in snap.pilots if p.site == view.name)
         state = "ok" if view.known else f"UNKNOWN ({view.error})"

@@ -101,6 +101,7 @@ class QueueView:
     recent_arrivals: tuple[Demand, ...] = ()
     total: int = 0  #: jobs in the queue (idle, running, transferring, suspended)
     older: int = 0  #: of those, submitted before the arrival window (QDate < since)
+    newest: float | None = None  #: the latest QDate in the queue (None: empty)
 
 
 def startd_of(remote_host: str) -> str:
@@ -116,8 +117,12 @@ def queue_view(ads: Iterable[Any], since: float | None = None) -> QueueView:
     arrivals: Counter[JobShape] = Counter()
     running: set[str] = set()
     total = older = 0
+    newest: float | None = None
     for ad in ads:
         total += 1
+        qdate = _int(ad, "QDate")
+        if qdate and (newest is None or qdate > newest):
+            newest = float(qdate)
         status = _int(ad, "JobStatus")
         shape = shape_of(ad) if status == 1 or since is not None else None
         if status == 1 and shape is not None:
@@ -125,12 +130,12 @@ def queue_view(ads: Iterable[Any], since: float | None = None) -> QueueView:
         elif status in HOLDS_CLAIM and _str(ad, "RemoteHost"):
             running.add(startd_of(_str(ad, "RemoteHost")))
         if since is not None and shape is not None:
-            if _int(ad, "QDate") >= since:
+            if qdate >= since:
                 arrivals[shape] += 1
             else:
                 older += 1
     return QueueView(tuple(Demand(s, n) for s, n in counts.items()), frozenset(running),
-                     tuple(Demand(s, n) for s, n in arrivals.items()), total, older)
+                     tuple(Demand(s, n) for s, n in arrivals.items()), total, older, newest)
 
 
 def pilot_ads_of(slot_ads: Iterable[Any]) -> dict[str, PilotAd]:

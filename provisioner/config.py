@@ -41,17 +41,26 @@ class ReserveConfig(_Model):
     """Predictive headroom: free job slots kept for jobs that are about to arrive.
 
     A job arriving while every pilot is busy waits for a new pilot: cycle delay, SLURM
-    queue wait and boot (the *lead time*). The reserve is a base stock over one lead time:
-    ``min(max_jobs, ceil(growth + factor * sqrt(a + d)))`` job slots are kept free, where
-    ``a`` and ``d`` are the matchable jobs expected to arrive and to leave the queue during
-    one lead time (counted over the last ``window_s``, scaled by ``lead_s / window_s``;
-    `Snapshot.recent_arrivals` and `Snapshot.recent_departures`; ``d`` is counted at most
-    up to ``a``, so a shrinking queue keeps the steady reserve). ``sqrt(a + d)`` is the
-    standard deviation of the queue's growth over one lead time when both are Poisson, so
-    ``factor`` is a safety factor in standard deviations. ``growth`` is the expected
-    growth ``a - d`` (a campaign ramping up) less one standard deviation of its estimate,
-    and never negative: a steady queue's sampling noise adds nothing. While departures
-    are unknown (the service has not yet watched the queue for one window) ``d = a``.
+    queue wait and boot (the *lead time*: ``lead_s`` until the controller has learnt the
+    quickest site's, then that one). The reserve is a base stock over one lead time,
+    ``min(max_jobs, ceil(growth + service))`` free job slots, where ``a`` and ``d`` are
+    the matchable jobs expected to arrive and to leave the queue during one lead time
+    (counted over the arrival window, scaled to one lead time; `Snapshot.recent_arrivals`
+    and `Snapshot.recent_departures`; ``d`` is counted at most up to ``a``, so a
+    shrinking queue keeps the steady reserve; unknown: ``d = a``). ``growth`` is the
+    expected growth ``a - d`` (a campaign ramping up) less one standard deviation of its
+    estimate, never negative. ``service`` meets two service levels with ``eps`` the
+    normal tail beyond ``factor`` standard deviations: the slots run out within a lead
+    time with probability about ``eps`` (``factor * sqrt(a + d)``), and at most a share
+    ``eps`` of the arriving jobs find none (exact Poisson sums: a sparse stream, where the
+    normal approximation keeps too few; `provisioner.reserve.reserve_size`).
+
+    A reserve must pay for itself at every scale: jobs that arrived at fewer than
+    ``min_arrival_times`` distinct times within ``evidence_s`` are not a rate (a batch
+    submitted at once makes no reserve); sparse arrivals widen the window to
+    ``window_gaps`` of their gaps; once nothing arrived for ``quiet_gaps`` gaps the
+    reserve decays by e every lead time; a size the arrivals no longer ask for is held
+    one lead time (noise in the estimate does not release pilots the next jobs need).
     Slots are split over the recent arrivals by core count in proportion to the square
     root of their numbers (a rare shape's arrivals vary relatively more, so it gets more
     than its count); a slot takes the largest memory seen for its core count. They are
@@ -59,21 +68,62 @@ class ReserveConfig(_Model):
     not released), then into new pilots within what the caps leave.
 
     Cost: the reserve is idle allocation, about ``factor * sqrt(2 * a)`` cores at all times
-    while jobs arrive at a steady rate. It buys short waits: the bench's frontier table
-    (`make bench`) shows efficiency and wait p95 for several factors. ``enabled: false``
-    or ``factor: 0`` turns it off; no recent arrivals means no reserve.
+    while jobs arrive at a steady rate (a few slots for a sparse stream). It buys short
+    waits: the bench's frontier table (`make bench`) shows efficiency and wait p95 for
+    several factors. ``enabled: false`` or ``factor: 0`` turns it off.
     """
 
     enabled: bool = True
     #: Window over which the service counts arrivals (jobs with QDate >= now - window_s).
     window_s: float = Field(default=900, gt=0)
     #: Expected time from a submission decision to a pilot taking jobs: cycle delay +
-    #: SLURM queue wait + pilot boot, at the sites the reserve goes to (highest weight).
+    #: SLURM queue wait + pilot boot. Used until a site's queue wait has been learnt;
+    #: then the quickest site's learnt lead (`provisioner.reserve.reserve_lead`) is.
     lead_s: float = Field(default=240, ge=0)
-    #: Safety factor in standard deviations of net demand over one lead time.
-    factor: float = Field(default=2.0, ge=0)
+    #: Safety factor in standard deviations of net demand over one lead time (2.5: the
+    #: slots run out, or a job finds none, with probability 0.6 %).
+    factor: float = Field(default=2.5, ge=0)
     #: Upper bound on reserved job slots (over all sites).
     max_jobs: int = Field(default=64, ge=0)
+    #: Jobs that arrived at fewer distinct times (cycles that saw a newer job) than this
+    #: within ``evidence_s`` are not a rate (a handful submitted at once): no reserve.
+    min_arrival_times: int = Field(default=3, ge=1)
+    evidence_s: float = Field(default=7200, gt=0)
+    #: Sparse arrivals: the window grows to span this many mean gaps between arrival
+    #: times (at most ``evidence_s``), so a job every ten minutes is still a rate. More
+    #: than ``quiet_gaps``, so that a quiet spell decays the reserve before it empties
+    #: the window.
+    window_gaps: float = Field(default=8.0, gt=0)
+    #: Arrivals that stopped: once no job has arrived for ``quiet_gaps`` mean gaps between
+    #: arrivals (window / arrivals), the reserve decays by e every lead time. A Poisson
+    #: stream leaves a gap that long with probability exp(-quiet_gaps) (5: under 1 %).
+    quiet_gaps: float = Field(default=5.0, gt=0)
+
+
+class PlacementConfig(_Model):
+    """Where new pilots go: the site expected to give a usable slot soonest.
+
+    Per site the controller learns the SLURM queue wait (submit -> start, from squeue) and
+    the boot time (start -> startd in the pool) as moving averages; a site's expected
+    lead is their sum, or the age of its oldest still-pending pilot if longer, divided by
+    its weight (an admin's preference that scales the lead, not an order). Sites whose
+    leads lie within ``tie_share`` of the best share a row's demand in proportion to the
+    pilots they can still take. A site without history is assumed as quick as the
+    quickest known one (at most ``default_wait_s``), so it is tried and learnt.
+    """
+
+    default_wait_s: float = Field(default=120, ge=0)
+    default_boot_s: float = Field(default=90, ge=0)
+    #: Weight of a new observation in the moving averages.
+    smoothing: float = Field(default=0.3, gt=0, le=1)
+    tie_share: float = Field(default=0.25, ge=0)
+    #: A pending pilot counts as capacity while it is expected to be usable no later than
+    #: a new pilot at the quickest site that can take one, plus this margin; after that
+    #: its jobs are placed anew (once: the new pilots are capacity themselves) and it is
+    #: kept pending while demand it could run is queued.
+    hedge_margin_s: float = Field(default=300, ge=0)
+    #: A pending pilot no demand needs is cancelled after this many such cycles in a row.
+    pending_cancel_cycles: int = Field(default=3, ge=1)
 
 
 class BreakerConfig(_Model):
@@ -98,6 +148,7 @@ class PolicyConfig(_Model):
     #: long is cancelled (broken image, authentication failure, unreachable collector).
     start_timeout_s: float = Field(default=900, gt=0)
     reserve: ReserveConfig = ReserveConfig()
+    placement: PlacementConfig = PlacementConfig()
     breaker: BreakerConfig = BreakerConfig()
 
     @model_validator(mode="after")

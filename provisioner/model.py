@@ -82,9 +82,15 @@ class SiteView:
     name: str
     known: bool  # False if squeue failed this cycle -> no actions at this site
     error: str = ""
-    #: At most this many new pilots this cycle (None: only the caps limit them);
-    #: 0 while the site's circuit breaker is open, 1 while a pilot may test it.
-    max_new: int | None = None
+
+
+@dataclass(frozen=True)
+class SiteEstimate:
+    """What the controller has learnt about a site's lead time (seconds)."""
+
+    wait_s: float  # SLURM queue wait: submit -> start (moving average)
+    boot_s: float  # start -> startd in the pool
+    samples: int = 0  # queue waits observed (0: a configured default)
 
 
 @dataclass(frozen=True)
@@ -94,7 +100,6 @@ class Snapshot:
     sites: tuple[SiteView, ...]
     pool_known: bool = True  # False if schedd or collector unreadable -> no actions at all
     flagged: dict[str, float] = field(default_factory=dict)  # pilot key -> time it was flagged
-    last_submit: dict[str, float] = field(default_factory=dict)  # site -> last submission time
     # pilot key -> number of consecutive cycles it has been observed idle *before* this one
     # (kept by the service; optional: when absent, a flagged pilot counts as idle once).
     idle_cycles: dict[str, int] = field(default_factory=dict)
@@ -108,6 +113,28 @@ class Snapshot:
     # ahead of a rising queue. None = unknown (e.g. the service just started); the reserve
     # then assumes departures equal arrivals (a queue that is not growing).
     recent_departures: int | None = None
+    # Submission time of the newest job in the queue (None: unknown or empty queue): the
+    # reserve decays once arrivals stop.
+    last_arrival_at: float | None = None
+    # Distinct times at which jobs arrived within `policy.reserve.evidence_s` (counted by
+    # the controller; None: not counted, taken as enough).
+    arrival_times: int | None = None
+    #: The largest reserve wanted over the last lead time (the controller's): the reserve
+    #: follows the queue down one lead time late, so noise in its estimate does not
+    #: release pilots that the next arrivals need.
+    reserve_hold: int = 0
+    # What the controller carries between cycles (all optional for a plain snapshot):
+    #: site -> learnt lead time; sites absent use `policy.placement` defaults.
+    estimates: dict[str, SiteEstimate] = field(default_factory=dict)
+    #: pending pilot key -> consecutive earlier cycles in which no demand needed it.
+    unneeded_cycles: dict[str, int] = field(default_factory=dict)
+    #: pending pilots whose jobs were already placed elsewhere once (hedged).
+    hedged: frozenset[str] = frozenset()
+    #: site -> most new pilots allowed this cycle (circuit breaker); absent = no limit.
+    submit_limit: dict[str, int] = field(default_factory=dict)
+    #: DRAINING pilot (drained by someone else) with nothing running -> consecutive
+    #: earlier cycles seen so.
+    drained_cycles: dict[str, int] = field(default_factory=dict)
 
 
 # Actions: returned as data, applied by the service.
@@ -184,6 +211,12 @@ class Plan:
     unplaced_jobs: int = 0  # matchable idle jobs left without capacity because of caps
     reserve_jobs: int = 0  # reserve job slots wanted this cycle (policy.reserve)
     reserve_held: int = 0  # of which placed in existing or new pilots
+    reserve_sized: int = 0  # what the arrivals asked for (reserve_jobs also holds)
+    reserve_lead_s: float = 0.0  # the lead time the reserve was sized for
+    #: pending pilots no demand needed this cycle (kept or cancelled, see hysteresis)
+    unneeded: tuple[str, ...] = ()
+    #: pending pilots past their expected start whose jobs were placed anew this cycle
+    hedges: tuple[str, ...] = ()
 
     @property
     def submits(self) -> tuple[Submit, ...]:

@@ -4,8 +4,10 @@ Bins are kept in *groups* of identical bins (same free resources, same content),
 packing N jobs of one shape into M identical pilots costs O(1), not O(N*M). The bins of a
 group may end at different times: `untils` lists them latest first, and a job that states
 a runtime splits off the bins that can still finish it.
-Packing is first-fit over shapes taken in decreasing size order; callers sort the bins
-best-fit-first once, before packing starts.
+One index (`CapacityIndex`) serves both the capacity that exists (free resources of
+running pilots, whole pending pilots) and the new pilots of one cycle (`NewPilots`): both
+answer "can this job go here" and "put k jobs there" the same way. Callers pack shapes in
+decreasing size order.
 """
 
 from __future__ import annotations
@@ -88,98 +90,6 @@ class BinGroup:
         self.jobs += k
 
 
-class BinList:
-    """A list of bin groups, first fit in insertion order, with cheap upper bounds on what
-    any of them can hold. `registry` receives every group ever created (including split-off
-    heads), so the caller can afterwards find which pilots received jobs."""
-
-    def __init__(self, groups: list[BinGroup], registry: list[BinGroup]) -> None:
-        self.groups = groups
-        self.registry = registry
-        registry.extend(groups)
-        # (cpus, mem, gpus, deadline) of items that found no room in a full scan
-        self.failed: list[tuple[int, int, int, float]] = []
-        self._refresh_bounds()
-
-    def _refresh_bounds(self) -> None:
-        groups = self.groups
-        self.max_cpus = max((g.free_cpus for g in groups), default=0)
-        self.max_mem = max((g.free_mem for g in groups), default=0)
-        self.max_gpus = max((g.free_gpus for g in groups), default=0)
-        self.max_until = max((g.usable_until for g in groups), default=-INF)
-
-    def may_fit(self, item: Item, deadline: float) -> bool:
-        """False only if no group can hold one job of `item` (groups only ever shrink)."""
-        c, m, gp = item.cpus, item.memory_mb, item.gpus
-        if c > self.max_cpus or m > self.max_mem or gp > self.max_gpus:
-            return False
-        if deadline > self.max_until:
-            return False
-        return not any(
-            c >= f[0] and m >= f[1] and gp >= f[2] and deadline >= f[3] for f in self.failed
-        )
-
-    def fill(self, item: Item, n: int, deadline: float, floor: Item | None = None) -> int:
-        """First-fit `n` jobs of `item` into the groups; return how many were placed.
-
-        `deadline` is the earliest usable_until a bin must have (now + runtime, or now).
-        Groups that can no longer hold `floor` (the smallest remaining item) are pruned.
-        """
-        if n <= 0 or not self.may_fit(item, deadline):
-            return 0
-        placed = 0
-        groups = self.groups
-        c, m, gp = item.cpus, item.memory_mb, item.gpus
-        fc, fm = (floor.cpus, floor.memory_mb) if floor is not None else (1, 0)
-        i = 0
-        while i < len(groups) and n > 0:
-            g = groups[i]
-            if g.free_cpus < fc or g.free_mem < fm:
-                del groups[i]
-                continue
-            if (
-                g.free_cpus < c
-                or g.free_mem < m
-                or g.free_gpus < gp
-                or g.usable_until < deadline
-            ):
-                i += 1
-                continue
-            k = item.per_bin(g.free_cpus, g.free_mem, g.free_gpus)
-            if n >= k * g.count:
-                g.add(item, k)
-                placed += k * g.count
-                n -= k * g.count
-                i += 1
-                continue
-            full, rest = divmod(n, k)
-            if full:
-                head = g.split(full)
-                head.add(item, k)
-                self.registry.append(head)
-                groups.insert(i, head)
-                i += 1
-            if rest:
-                head = g.split(1)
-                head.add(item, rest)
-                self.registry.append(head)
-                groups.insert(i, head)
-                i += 1
-            placed += n
-            n = 0
-        if n > 0:
-            # Every group that could hold this item was seen: tighten the bounds.
-            self._refresh_bounds()
-            # Nothing as large as this item fits any more. Keep only the minimal failures:
-            # a smaller failure implies the larger ones.
-            self.failed = [
-                f for f in self.failed
-                if not (f[0] >= c and f[1] >= m and f[2] >= gp and f[3] >= deadline)
-            ]
-            self.failed.append((c, m, gp, deadline))
-        return placed
-
-
 class CapacityIndex:
     """Bin groups of existing pilots indexed for fast first fit.
 
@@ -209,6 +119,13 @@ class CapacityIndex:
     def may_fit(self, item: Item) -> bool:
         """False only if no group has the cpus and memory for one job of `item`."""
         return bool(self.keys) and self.keys[0] >= item.cpus and self.max_mem >= item.memory_mb
+
+    def add(self, g: BinGroup) -> None:
+        """A new group (e.g. pilots opened this cycle) joins the index."""
+        self.registry.append(g)
+        if g.free_cpus > 0:
+            self._insert(g)
+            self.max_mem = max(self.max_mem, g.free_mem)
 
     def _insert(self, g: BinGroup) -> None:
         bucket = self.buckets.get(g.free_cpus)
@@ -305,52 +222,46 @@ def _neg(x: float) -> float:
 @dataclass
 class NewPilots:
     """New pilots of one site, at most `allowed`. Each new bin has `pack_cpus` cores, or
-    the cores of the first job put in it if more (at most `cpus`), and the largest memory."""
+    the cores of the first job put in it if more (at most `cpus`), and the largest memory.
+    Pilots opened this cycle are filled first, through the same `CapacityIndex` as
+    existing capacity."""
 
     cpus: int
     memory_mb: int
     gpus: int
-    usable_s: float
     allowed: int
     pack_cpus: int = 0  # 0 = cpus
     registry: list[BinGroup] = field(default_factory=list)
-    open: BinList = field(init=False)
+    open: CapacityIndex = field(init=False)
     opened: int = 0
 
     def __post_init__(self) -> None:
-        self.open = BinList([], self.registry)
+        self.open = CapacityIndex([], self.registry)
 
-    def fill(self, item: Item, n: int, runtime_ok: bool) -> int:
-        """Place up to `n` jobs: first into pilots opened this cycle, then into new ones."""
-        if not runtime_ok or n <= 0:
+    def fill(self, item: Item, n: int) -> int:
+        """Place up to `n` jobs: first into pilots opened this cycle, then into new ones;
+        return how many were placed."""
+        if n <= 0:
             return 0
         placed = self.open.fill(item, n, 0.0)
         n -= placed
         cpus = min(self.cpus, max(self.pack_cpus or self.cpus, item.cpus))
         k = item.per_bin(cpus, self.memory_mb, self.gpus)
-        if n <= 0 or k == 0:
-            return placed
         left = self.allowed - self.opened
-        if left <= 0:
+        if n <= 0 or k == 0 or left <= 0:
             return placed
         full = min(n // k, left)
-        new: list[BinGroup] = []
         if full:
             g = BinGroup(cpus, self.memory_mb, self.gpus, INF, full)
             g.add(item, k)
-            new.append(g)
+            self.opened += full
+            self.open.add(g)
             n -= full * k
             placed += full * k
-            left -= full
-        if n > 0 and left > 0:
+        if n > 0 and self.opened < self.allowed:
             g = BinGroup(cpus, self.memory_mb, self.gpus, INF, 1)
             g.add(item, n)
-            new.append(g)
+            self.opened += 1
+            self.open.add(g)
             placed += n
-            n = 0
-        for g in new:
-            self.opened += g.count
-            self.open.groups.append(g)
-            self.registry.append(g)
-        self.open._refresh_bounds()
         return placed

@@ -1,5 +1,6 @@
 """The reserve's inputs from the real schedd: arrivals by QDate and departures from the
-queue size one window back (provisioner.arrivals), through `Provisioner.observe()`.
+queue size one window back (provisioner.arrivals), through `Provisioner.observe()` and
+the controller that carries the queue history (`Controller.prepare`).
 
 The service's clock is injected so that one window passes at once; QDate and the
 queue are real. Nothing is acted on: no pilot is submitted.
@@ -22,15 +23,20 @@ WINDOW = 600.0
 @pytest.mark.usefixtures("clean")
 def test_departures_follow_the_real_queue() -> None:
     base = service_config()
+    # One fixed window (window_gaps small: a sparse stream does not widen it); one batch
+    # is a rate here (min_arrival_times 1); the jump of the injected clock is no quiet
+    # spell (quiet_gaps large: no decay); no journal, so no learnt lead time either.
     reserve = base.policy.reserve.model_copy(
-        update={"enabled": True, "window_s": WINDOW, "factor": 2.0})
+        update={"enabled": True, "window_s": WINDOW, "factor": 2.0, "window_gaps": 0.5,
+                "min_arrival_times": 1, "quiet_gaps": 1e6})
     config = base.model_copy(
-        update={"policy": base.policy.model_copy(update={"reserve": reserve})})
+        update={"policy": base.policy.model_copy(update={"reserve": reserve}), "journal": ""})
     first_cluster = submit("early", 3, 600)
     time.sleep(1.1)  # QDate has one-second resolution: keep it clear of t0
     now = [time.time()]  # t0
     prov = Provisioner(config, clock=lambda: now[0])
-    first = prov.observe().snapshot
+    obs = prov.observe()
+    first = prov.controller.prepare(obs.snapshot, now[0], obs.queue)
     assert first.recent_departures is None  # not yet watched for one window
     assert sum(d.idle for d in first.recent_arrivals) == 3
 
@@ -39,7 +45,8 @@ def test_departures_follow_the_real_queue() -> None:
     time.sleep(1.1)
     late_cluster = submit("late", 10, 600)
     now[0] += WINDOW + 1  # one window later, as the service sees it
-    snap = prov.observe().snapshot
+    obs = prov.observe()
+    snap = prov.controller.prepare(obs.snapshot, now[0], obs.queue)
     # since = t0: the ten late jobs arrived, one of the three early ones left
     assert sum(d.idle for d in snap.recent_arrivals) == 10
     assert snap.recent_departures == 1

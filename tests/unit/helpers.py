@@ -43,13 +43,17 @@ def config(*sites: SiteConfig, max_submit: int = 20, release_cycles: int = 2,
 
 def pilot(job_id: str, state: PilotState, site: str = "gsi", cpus: int = 16,
           memory_mb: int = 64000, free_cpus: int | None = None, free_mem: int | None = None,
-          started: float | None = NOW - 3600, end: float | None = None) -> Pilot:
+          started: float | None = NOW - 3600, end: float | None = None,
+          submitted: float | None = None) -> Pilot:
+    """A pilot; a pending one was submitted a minute ago unless `submitted` says when."""
     if state is PilotState.PENDING:
         started = None
+    if submitted is None:
+        submitted = NOW - 60 if state is PilotState.PENDING else NOW - 7200
     full = state in (PilotState.PENDING, PilotState.STARTING, PilotState.IDLE)
     return Pilot(
         site=site, job_id=job_id, state=state, cpus=cpus, memory_mb=memory_mb,
-        submitted_at=NOW - 7200, started_at=started,
+        submitted_at=submitted, started_at=started,
         walltime_end=end if end is not None else (None if started is None else started + 86400),
         free_cpus=free_cpus if free_cpus is not None else (cpus if full else 0),
         free_memory_mb=free_mem if free_mem is not None else (memory_mb if full else 0),

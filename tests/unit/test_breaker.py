@@ -1,12 +1,20 @@
 """The black-hole circuit breaker: opens after pilots in a row never join, tests the
-site with one pilot after the pause, doubles the pause on a failed test."""
+site with one pilot after the pause, doubles the pause on a failed test; fed by the
+controller, which also cancels pilots drained by someone else; the learnt state that
+survives a restart."""
 
 from __future__ import annotations
 
-from hypothesis import given
+import dataclasses
+
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from provisioner.breaker import SiteBreakers
+from provisioner.controller import Controller
+from provisioner.model import Cancel, JobShape, Pilot, PilotState, Submit
+
+from .helpers import NOW, config, pilot, snap
 
 
 def fail_one(b: SiteBreakers, key: str, t: float) -> list[str]:
@@ -69,3 +77,93 @@ def test_never_more_than_one_new_pilot_unless_closed(outcomes: list[bool]) -> No
         if limit is None:
             assert st_.open_until is None and not st_.probing
         t += 20
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.booleans(), min_size=1, max_size=30))
+def test_opens_only_after_threshold_failures_in_a_row(outcomes: list[bool]) -> None:
+    """Never open before `threshold` failed pilots in a row (a joined pilot resets)."""
+    b = SiteBreakers(threshold=3, base_s=600, max_s=2400)
+    run = 0
+    for i, ok in enumerate(outcomes):
+        t = 100.0 * i
+        key = f"a/{i}"
+        b.observe("a", [key], [key] if ok else [], t)
+        b.observe("a", [], [], t + 50)
+        run = 0 if ok else run + 1
+        opened = b.state("a").open_until is not None
+        assert not (opened and run < 3), f"open after {run} failures in a row"
+        if ok:
+            assert not opened
+
+
+def starting(job_id: str, t: float) -> Pilot:
+    return pilot(job_id, PilotState.STARTING, started=t - 10)
+
+
+def test_the_controller_follows_submissions_withdraws_cancels_and_skips_unknown_sites(
+        ) -> None:
+    ctl = Controller(config())
+    threshold = ctl.config.policy.breaker.threshold
+    for i in range(threshold - 1):
+        ctl.submitted([f"gsi/{i}"])  # started and died before any cycle looked
+        ctl.cycle(snap(), NOW + 10 * i)
+    assert ctl.breakers.state("gsi").failures == threshold - 1
+    # A pending pilot the controller cancels is withdrawn, not a failure.
+    pending = pilot("50", PilotState.PENDING, submitted=NOW)
+    cancels = []
+    for k in range(5):
+        result = ctl.cycle(snap([], [pending]), NOW + 100 + 10 * k)
+        cancels += [a.pilot.key for a in result.actions if isinstance(a, Cancel)]
+        if cancels:
+            break
+    assert cancels == ["gsi/50"]
+    ctl.cycle(snap(), NOW + 200)
+    assert ctl.breakers.state("gsi").failures == threshold - 1 and not ctl.transitions
+    # A pilot at a site not read this cycle is not gone.
+    ctl.cycle(snap([], [starting("60", NOW + 300)]), NOW + 300)
+    ctl.cycle(snap(unknown=("gsi",)), NOW + 310)
+    assert ctl.breakers.state("gsi").failures == threshold - 1
+    ctl.cycle(snap(), NOW + 320)  # read again: gone without ever joining
+    assert any("circuit breaker OPEN" in line for line in ctl.transitions)
+    assert not [a for a in ctl.cycle(snap([(JobShape(1, 2000), 4)]), NOW + 330).actions
+                if isinstance(a, Submit)]
+
+
+def test_pilot_drained_by_someone_else_is_cancelled_once_empty_for_n_cycles() -> None:
+    drained = dataclasses.replace(pilot("1", PilotState.DRAINING), free_cpus=16,
+                                  free_memory_mb=64000)
+    busy = dataclasses.replace(pilot("2", PilotState.DRAINING), free_cpus=8,
+                               free_memory_mb=32000)
+    ctl = Controller(config())
+    kinds = []
+    for i in range(3):
+        result = ctl.cycle(snap([], [drained, busy]), NOW + 20 * i)
+        kinds.append(sorted(a.pilot.job_id for a in result.actions if isinstance(a, Cancel)))
+    assert kinds == [[], ["1"], ["1"]]  # idle_release_cycles = 2; the busy one never
+    ctl.released(busy.key, NOW)
+    emptied = dataclasses.replace(busy, free_cpus=16, free_memory_mb=64000)
+    for i in range(3):  # our own release: the release follow-up handles it, not this
+        result = ctl.cycle(snap([], [emptied]), NOW + 100 + 20 * i)
+        assert not [a for a in result.actions if isinstance(a, Cancel)]
+
+
+def test_learnt_state_survives_a_restart() -> None:
+    ctl = Controller(config())
+    sub = NOW - 500
+    pend = dataclasses.replace(pilot("1", PilotState.PENDING), submitted_at=sub)
+    ctl.cycle(snap([], [pend]), NOW - 400)
+    up = dataclasses.replace(pilot("1", PilotState.IDLE, started=NOW - 300), submitted_at=sub)
+    ctl.cycle(snap([], [up]), NOW - 250)
+    est = ctl.estimates.sites["gsi"]
+    assert est.samples == 1 and est.wait_s == 200 and 0 < est.boot_s < 90
+    for i in range(ctl.config.policy.breaker.threshold):
+        fail = starting(str(10 + i), NOW + 100 * i)
+        ctl.cycle(snap([], [fail]), NOW + 100 * i)
+        ctl.cycle(snap([], []), NOW + 100 * i + 50)
+    restarted = Controller(config())
+    restarted.load(ctl.state())
+    assert restarted.state() == ctl.state()
+    assert restarted.estimates.sites == ctl.estimates.sites
+    assert restarted.breakers.state("gsi").open_until is not None
+    restarted.load({"estimates": {"gsi": {"wait_s": "x"}}, "breakers": None})  # ignored

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from provisioner.model import (
     Flag,
     JobShape,
@@ -180,9 +182,15 @@ def test_pending_without_demand_cancelled_starting_only_after_the_start_timeout(
     pend = pilot("1", PilotState.PENDING)
     start = pilot("2", PilotState.STARTING, started=NOW - 60)
     stuck = pilot("3", PilotState.STARTING, started=NOW - 3600)
-    result = plan(snap([], [pend, start, stuck]), config(), NOW)
+    s = snap([], [pend, start, stuck])
+    result = plan(s, config(), NOW)
     assert sorted((type(a).__name__, a.pilot.job_id) for a in result.actions) == [
-        ("Cancel", "1"), ("Cancel", "3")]
+        ("Cancel", "3")]
+    assert result.unneeded == ("gsi/1",)
+    # the pending pilot goes after `pending_cancel_cycles` (3) cycles without demand
+    later = dataclasses.replace(s, unneeded_cycles={"gsi/1": 2})
+    assert sorted((type(a).__name__, a.pilot.job_id) for a in plan(later, config(), NOW).actions
+                  ) == [("Cancel", "1"), ("Cancel", "3")]
 
 
 def test_pending_kept_when_demand_needs_it() -> None:
@@ -213,35 +221,13 @@ def test_target_cpus_packs_small_pilots() -> None:
 
 
 def test_open_circuit_breaker_sends_the_demand_elsewhere() -> None:
-    from dataclasses import replace
-
     cfg = config(site("a", weight=5, cpus=1), site("b", weight=1, cpus=1))
     s = snap([(ONE, 3)], sites=("a", "b"))
-    blocked = replace(s, sites=(replace(s.sites[0], max_new=0), s.sites[1]))
+    blocked = dataclasses.replace(s, submit_limit={"a": 0})
     result = plan(blocked, cfg, NOW)
     assert {x.site: x.count for x in submits(result)} == {"b": 3}
     small_b = config(site("a", weight=5, cpus=1), site("b", weight=1, cpus=1, max_submit=1))
     left_over = plan(blocked, small_b, NOW)
     assert next(x for x in left_over.summary if x.site == "a").capped == "circuit breaker"
-    probing = replace(s, sites=(replace(s.sites[0], max_new=1), s.sites[1]))
+    probing = dataclasses.replace(s, submit_limit={"a": 1})
     assert {x.site: x.count for x in submits(plan(probing, cfg, NOW))} == {"a": 1, "b": 2}
-
-
-def test_pilot_drained_by_someone_else_is_cancelled_once_it_runs_nothing() -> None:
-    from provisioner.model import Cancel
-
-    cfg = config(site(cpus=4, memory_mb=8000))
-    drained = pilot("7", PilotState.DRAINING, cpus=4, memory_mb=8000, free_cpus=4,
-                    free_mem=8000)
-    first = plan(snap([], [drained]), cfg, NOW)
-    assert [type(a).__name__ for a in first.actions] == ["Flag"]
-    flagged, idle_cycles = carry_over(snap([], [drained]), first, NOW)
-    later = snap([], [drained], flagged=flagged)
-    later = later.__class__(**{**later.__dict__, "idle_cycles": idle_cycles})
-    second = plan(later, cfg, NOW + 30)
-    assert [type(a).__name__ for a in second.actions] == ["Cancel"]
-    assert isinstance(second.actions[0], Cancel) and "drained" in second.actions[0].reason
-    # Still running a job: never cancelled, and unflagged.
-    busy = pilot("7", PilotState.DRAINING, cpus=4, memory_mb=8000, free_cpus=0, free_mem=0)
-    again = plan(snap([], [busy], flagged=flagged), cfg, NOW + 30)
-    assert [type(a).__name__ for a in again.actions] == ["Unflag"]

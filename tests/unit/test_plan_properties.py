@@ -169,8 +169,7 @@ def test_pilot_actions_respect_state(sc: tuple[Snapshot, Config]) -> None:
         if isinstance(a, Release):
             assert p.state is PilotState.IDLE, "only idle pilots are released"
         if isinstance(a, Flag):
-            assert p.state is PilotState.IDLE or drained_empty, \
-                "only idle or drained-and-empty pilots are flagged"
+            assert p.state is PilotState.IDLE, "only idle pilots are flagged"
         if isinstance(a, Cancel):
             # pending; running at the site for longer than the start timeout without
             # ever joining the pool; or drained with nothing running (never busy)

@@ -5,16 +5,16 @@ does not stop the others, and an unknown site keeps its last-known pilots."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import pytest
 
-from provisioner.condor import PilotAd, PoolUnreachable, QueueView
+from provisioner.condor import PilotAd
 from provisioner.config import parse_config
+from provisioner.controller import LINGER_S
 from provisioner.journal import Journal
 from provisioner.model import Demand, JobShape, PilotState, Plan, Release, Submit
-from provisioner.service import LINGER_S, Provisioner, describe
+from provisioner.service import Provisioner, describe
 from provisioner.sites.base import SiteJob, SiteJobState, Transient, Unreachable
+from tests.unit.fakes import Clock, FakeBackend, FakePool
 
 CONFIG = """
 pool: {collector: "cm:9618", provisioner_id: t, uid_domain: example}
@@ -30,67 +30,6 @@ sites:
     image: /images/pilot.sif
     pilot: {cpus: 4, min_cpus: 4, memory_mb: 8000, walltime_s: 3600}
 """
-
-
-@dataclass
-class FakePool:
-    ads: dict[str, PilotAd] = field(default_factory=dict)
-    running_on: frozenset[str] = frozenset()
-    demand: tuple[Demand, ...] = ()
-    fail: bool = False
-
-    def queue(self, arrivals_since: float | None = None) -> QueueView:
-        if self.fail:
-            raise PoolUnreachable("schedd down")
-        return QueueView(self.demand, self.running_on)
-
-    def pilot_ads(self) -> dict[str, PilotAd]:
-        if self.fail:
-            raise PoolUnreachable("collector down")
-        return dict(self.ads)
-
-    def idle_count(self) -> int:
-        return sum(d.idle for d in self.demand)
-
-
-@dataclass
-class FakeBackend:
-    name: str
-    jobs: list[SiteJob] = field(default_factory=list)
-    calls: list[tuple[str, str]] = field(default_factory=list)
-    next_error: Exception | None = None
-    list_error: Exception | None = None
-
-    def _maybe_fail(self) -> None:
-        if self.next_error is not None:
-            err, self.next_error = self.next_error, None
-            raise err
-
-    def submit(self, request: object) -> str:
-        self._maybe_fail()
-        self.calls.append(("submit", ""))
-        return str(100 + len(self.calls))
-
-    def list_pilots(self) -> list[SiteJob]:
-        if self.list_error is not None:
-            raise self.list_error
-        return list(self.jobs)
-
-    def release(self, job_id: str) -> None:
-        self._maybe_fail()
-        self.calls.append(("release", job_id))
-
-    def cancel(self, job_id: str, only_pending: bool = False) -> None:
-        self._maybe_fail()
-        self.calls.append(("cancel-pending" if only_pending else "cancel", job_id))
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 10_000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def idle_ad(job_id: str, site: str = "gsi", draining: bool = False) -> PilotAd:
@@ -299,3 +238,23 @@ def test_flag_then_release_takes_one_quick_check_not_two(world) -> None:  # type
         assert "release gsi/7" in [describe(a) for a in second.plan.actions]
     finally:
         clock.__class__.__call__ = real  # type: ignore[method-assign]
+
+
+def test_learnt_state_and_breakers_are_journalled_and_reloaded(world) -> None:  # type: ignore[no-untyped-def]
+    from provisioner.service import breakers_of
+
+    prov, _pool, backends, clock = world
+    journal = prov.journal
+    for i in range(3):  # three pilots at gsi start and vanish without joining
+        backends["gsi"].jobs = [SiteJob(str(i), SiteJobState.RUNNING, 4, 8000,
+                                        clock.t - 100, clock.t - 40, clock.t + 3000)]
+        prov.run_cycle("test")
+        clock.t += 30
+        backends["gsi"].jobs = []
+        prov.run_cycle("test")
+        clock.t += 30
+    assert breakers_of(journal)["gsi"].startswith("open (3 pilots in a row never joined")
+    assert journal.get("controller")["estimates"]["gsi"]["samples"] == 3
+    again = Provisioner(prov.config, pool=prov.pool, backends=backends, journal=journal,
+                        clock=clock)
+    assert again.controller.state() == prov.controller.state()

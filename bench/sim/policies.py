@@ -1,8 +1,8 @@
 """Pilot policies for the simulator: ours (`plan()`), and the two baselines sites use today.
 
-- `PlanPolicy`: the service's decision core. A cheap probe every `quick_check_s` decides
-  (`provisioner.cadence.cycle_due`) whether a full cycle runs; the cycle calls the same
-  `plan()` and carries the flag state over with `carry_over()` exactly as the service does.
+- `PlanPolicy`: the service's decision core, `provisioner.controller.Controller`, called
+  exactly as the service calls it: a cheap probe every `quick_check_s`, a full cycle when
+  the controller says one is due, on a snapshot of the world.
 - `PrototypePolicy`: the original loop. Every 300 s: if any job is idle, submit one
   whole-node pilot at the first site (by weight) below its pilot cap; idle pilots are flagged,
   and released in the next cycle if still idle.
@@ -16,41 +16,38 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from provisioner.cadence import CycleMark, Probe, cycle_due
+from bench.sim.entities import SimPilot, SiteModel
+from bench.sim.world import World
+from provisioner.cadence import Probe
 from provisioner.config import Config
+from provisioner.controller import Controller, QueueSize
 from provisioner.model import Action, PilotState, Release, Submit
-from provisioner.plan import carry_over, plan
-from provisioner.sim.world import SimPilot, SiteModel, World
 
 
 class PlanPolicy:
-    """Ours: `plan()` with early cycles on demand rise, new idle pilots, pending flags."""
+    """Ours: the service's controller on the simulated world."""
 
     def __init__(self, config: Config, name: str = "ours") -> None:
         self.name = name
         self.config = config
         self.tick_s = config.policy.quick_check_s
-        self.last: CycleMark | None = None
-        self.flagged: dict[str, float] = {}
-        self.idle_cycles: dict[str, int] = {}
-        self.cycles = 0
+        self.controller = Controller(config)
+        self._submitted = 0  # world.all_pilots already told to the controller
 
     def tick(self, world: World, now: float) -> list[Action]:
+        # As the service does right after sbatch: the circuit breaker follows new pilots
+        # from their submission (one that starts and dies between two cycles counts).
+        self.controller.submitted(p.key for p in world.all_pilots[self._submitted:])
+        self._submitted = len(world.all_pilots)
         idle_pilots = frozenset(
             p.key for p in world.pilots.values() if p.booted and not p.draining and not p.jobs
         )
-        probe = Probe(world.idle_jobs(), idle_pilots)
-        if not cycle_due(now, probe, self.last, self.config.policy):
+        if not self.controller.due(now, Probe(world.idle_jobs(), idle_pilots)):
             return []
-        reserve = self.config.policy.reserve
-        window = reserve.window_s if reserve.enabled else 0.0
-        snap = world.snapshot(self.flagged, self.idle_cycles, arrival_window_s=window)
-        result = plan(snap, self.config, now)
-        self.flagged, self.idle_cycles = carry_over(snap, result, now)
-        self.last = CycleMark(now, probe.idle_jobs, idle_pilots, len(self.flagged),
-                              result.unplaced_jobs, result.reserve_jobs)
-        self.cycles += 1
-        return list(result.actions)
+        since = self.controller.arrivals_since(now)
+        snap = world.snapshot(arrivals_since=since)
+        queue = QueueSize(*world.queue_size(since)) if since is not None else None
+        return list(self.controller.cycle(snap, now, queue).actions)
 
 
 def _whole_node(site: SiteModel, count: int = 1) -> Submit:

@@ -6,10 +6,10 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from provisioner.sim.traces import HOUR
+from bench.sim.traces import HOUR
 
 if TYPE_CHECKING:
-    from provisioner.sim.world import World
+    from bench.sim.world import World
 
 
 @dataclass
@@ -32,7 +32,7 @@ class RunResult:
     finished: int
     running: int
     queued: int
-    killed: int
+    killed: int  # runs killed at a pilot's walltime (the jobs ran again)
     wait_p50_s: float
     wait_p95_s: float
     wait_max_s: float
@@ -43,6 +43,11 @@ class RunResult:
     pilots_never_claimed: int
     submissions_per_h: float
     sim_hours: float
+    killed_core_h: float = 0.0  # core time of killed runs: waste, not claimed
+    pending_cancelled: int = 0  # pilots cancelled before they started
+    #: site -> (pilots started, allocated core-h)
+    placement: dict[str, tuple[int, float]] = field(default_factory=dict)
+    seed: int = 0
     timeline: list[Sample] = field(repr=False, default_factory=list)
 
     @property
@@ -72,19 +77,27 @@ def summarize(world: World, policy: str, trace: str) -> RunResult:
     matchable = [j for j in world.jobs if id(j) not in never]
     waits = [(j.start if j.start is not None else now) - j.spec.submit for j in matchable]
     started = [p for p in world.all_pilots if p.started_at is not None]
+    placement: dict[str, tuple[int, float]] = {}
+    for p in started:
+        assert p.started_at is not None
+        n, core_h = placement.get(p.site.name, (0, 0.0))
+        end = p.ended_at if p.ended_at is not None else now
+        placement[p.site.name] = (n + 1, core_h + p.cpus * (end - p.started_at) / HOUR)
     hours = max(now, 1.0) / HOUR
     return RunResult(
         policy=policy, trace=trace, jobs=len(world.jobs),
         unmatchable_jobs=len(world.unmatchable),
-        finished=sum(1 for j in matchable if j.end is not None and not j.killed),
+        finished=sum(1 for j in matchable if j.end is not None),
         running=sum(1 for j in matchable if j.start is not None and j.end is None),
         queued=len(world.queue),
-        killed=sum(1 for j in matchable if j.killed),
+        killed=sum(j.kills for j in matchable),
         wait_p50_s=percentile(waits, 0.50), wait_p95_s=percentile(waits, 0.95),
         wait_max_s=max(waits, default=0.0),
         allocated_core_h=allocated / HOUR, claimed_core_h=claimed / HOUR,
         pilots_submitted=len(world.all_pilots), pilots_started=len(started),
         pilots_never_claimed=sum(1 for p in started if not p.claimed),
         submissions_per_h=len(world.all_pilots) / hours, sim_hours=hours,
-        timeline=world.timeline,
+        timeline=world.timeline, killed_core_h=world.killed_core_s / HOUR,
+        pending_cancelled=sum(1 for p in world.all_pilots if p.cancelled),
+        placement=dict(sorted(placement.items())),
     )

@@ -11,7 +11,9 @@ to the fitting pilot with the fewest free cores (depth first). A pilot starts a 
 states a runtime only if it ends before the walltime; one that states none only before the
 shutdown margin. From the margin on the pilot takes no such jobs and ends when empty. A
 released pilot drains and ends when empty; a pending one is cancelled. At walltime SLURM
-kills whatever still runs (counted as killed).
+kills whatever still runs: the job goes back to the queue (its job lease) and its core time
+so far is waste, not claimed. A `black_hole` site's pilots start and never join the pool
+(they exit after `boot_s`), like a site with a broken image path.
 """
 
 from __future__ import annotations
@@ -19,13 +21,14 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from bisect import bisect_left
+from bisect import bisect_left, insort
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import Protocol
 
-from provisioner.config import Config, SiteConfig
+from bench.sim.entities import Policy, SimJob, SimPilot, SiteModel
+from bench.sim.results import RunResult, Sample, summarize
+from bench.sim.traces import HOUR, JobSpec
+from provisioner.config import Config
 from provisioner.model import (
     Action,
     Cancel,
@@ -39,96 +42,6 @@ from provisioner.model import (
     Submit,
     round_memory,
 )
-from provisioner.sim.results import RunResult, Sample, summarize
-from provisioner.sim.traces import HOUR, JobSpec
-
-
-@dataclass(frozen=True)
-class SiteModel:
-    """A simulated SLURM cluster plus the provisioner's configuration for it."""
-
-    config: SiteConfig
-    nodes: int
-    cores_per_node: int
-    mem_per_node_mb: int
-    wait_median_s: float = 60.0  # SLURM queue wait, lognormal
-    wait_sigma: float = 1.0
-    boot_s: float = 90.0
-
-    @property
-    def name(self) -> str:
-        return self.config.name
-
-
-class Policy(Protocol):
-    """Decides pilots. `tick` is called every `tick_s` seconds of virtual time."""
-
-    name: str
-    tick_s: float
-
-    def tick(self, world: World, now: float) -> list[Action]: ...
-
-
-@dataclass(eq=False)
-class SimJob:
-    spec: JobSpec
-    start: float | None = None
-    end: float | None = None
-    pilot: SimPilot | None = None
-    killed: bool = False
-
-    @property
-    def shape(self) -> JobShape:
-        return self.spec.shape
-
-
-@dataclass(eq=False)
-class SimPilot:
-    id: int
-    site: SiteModel
-    cpus: int
-    memory_mb: int
-    walltime_s: float
-    submitted_at: float
-    eligible: bool = False
-    node: int | None = None
-    started_at: float | None = None
-    booted: bool = False
-    draining: bool = False
-    ended_at: float | None = None
-    cancelled: bool = False
-    used_cpus: int = 0
-    used_mem: int = 0
-    jobs: set[SimJob] = field(default_factory=set)
-    claimed: bool = False  # ever ran a job
-
-    @property
-    def key(self) -> str:
-        return f"{self.site.name}/{self.id}"
-
-    @property
-    def walltime_end(self) -> float | None:
-        return None if self.started_at is None else self.started_at + self.walltime_s
-
-    @property
-    def margin_at(self) -> float:
-        end = self.walltime_end
-        assert end is not None
-        return end - self.site.config.pilot.shutdown_margin_s
-
-    def can_start(self, job: SimJob, now: float) -> bool:
-        if not self.booted or self.draining or self.ended_at is not None:
-            return False
-        s = job.shape
-        if s.cpus > self.cpus - self.used_cpus:
-            return False
-        if round_memory(s.memory_mb) > self.memory_mb - self.used_mem:
-            return False
-        end = self.walltime_end
-        assert end is not None
-        if s.runtime_s is not None:
-            return now + s.runtime_s <= end
-        return now < self.margin_at
 
 
 class World:
@@ -148,7 +61,6 @@ class World:
         self.unmatchable: list[SimJob] = []
         self.jobs: list[SimJob] = []  # arrival order
         self._submit_times: list[float] = []  # of self.jobs, ascending
-        self._left: list[tuple[float, float]] = []  # (end, submit) of ended jobs, by end
         self.pilots: dict[int, SimPilot] = {}  # not yet ended
         self.all_pilots: list[SimPilot] = []
         self.pending: dict[str, list[SimPilot]] = {name: [] for name in self.sites}
@@ -158,6 +70,7 @@ class World:
         }
         self.allocated_core_s = 0.0
         self.claimed_core_s = 0.0
+        self.killed_core_s = 0.0  # core time of runs killed at walltime (waste)
         self.timeline: list[Sample] = []
         self._next_pilot = 1
         self.queue_changed = False
@@ -208,29 +121,34 @@ class World:
             j.shape for j in self.jobs[first:] if j.end is None)
         return tuple(Demand(s, n) for s, n in shapes.items())
 
-    def recent_departures(self, window_s: float) -> int:
-        """Jobs submitted before the window that left the queue during it: what the
-        service derives from the queue size one window ago (`provisioner.arrivals`)."""
-        since = self.now - window_s
-        first = bisect_left(self._left, (since, -math.inf))
-        return sum(1 for _end, submit in self._left[first:] if submit < since)
+    def queue_size(self, since: float) -> tuple[int, int]:
+        """(jobs in the queue, of which submitted before `since`): what the service counts
+        in its schedd query (`provisioner.condor.QueueView.total`/`older`)."""
+        first = bisect_left(self._submit_times, since)
+        older = sum(1 for j in self.jobs[:first] if j.end is None)
+        return older + sum(1 for j in self.jobs[first:] if j.end is None), older
 
-    def snapshot(self, flagged: dict[str, float] | None = None,
-                 idle_cycles: dict[str, int] | None = None,
-                 arrival_window_s: float = 0.0) -> Snapshot:
+    def snapshot(self, arrivals_since: float | None = None) -> Snapshot:
+        """What the service observes: idle demand, pilots, every site known, and the jobs
+        submitted since `arrivals_since` still in the queue (None: not asked for)."""
         shapes: Counter[JobShape] = Counter(j.shape for j in self.queue)
         shapes.update(j.shape for j in self.unmatchable)
         return Snapshot(
             demand=tuple(Demand(s, n) for s, n in shapes.items()),
             pilots=tuple(self.model_pilot(p) for p in self.pilots.values()),
             sites=tuple(SiteView(name, True) for name in self.sites),
-            flagged=dict(flagged or {}),
-            idle_cycles=dict(idle_cycles or {}),
-            recent_arrivals=self.recent_arrivals(arrival_window_s) if arrival_window_s else (),
-            arrival_window_s=arrival_window_s,
-            recent_departures=(self.recent_departures(arrival_window_s)
-                               if arrival_window_s else None),
+            recent_arrivals=(self.recent_arrivals(self.now - arrivals_since)
+                             if arrivals_since is not None else ()),
+            last_arrival_at=self._newest_queued(),
         )
+
+    def _newest_queued(self) -> float | None:
+        """The latest submission time of a job still in the queue (the service's newest
+        QDate), None for an empty queue."""
+        for job in reversed(self.jobs):
+            if job.end is None:
+                return job.spec.submit
+        return None
 
     # -- actions ------------------------------------------------------------------------------
     def apply(self, actions: Iterable[Action]) -> None:
@@ -282,7 +200,8 @@ class World:
                     node[1] -= p.memory_mb
                     p.node = i
                     p.started_at = self.now
-                    self._at(self.now + p.site.boot_s, "booted", p)
+                    self._at(self.now + p.site.boot_s,
+                             "crashed" if p.site.black_hole else "booted", p)
                     self._at(self.now + p.walltime_s, "walltime", p)
                     self._at(p.margin_at, "margin", p)
                     break
@@ -306,15 +225,22 @@ class World:
 
     # -- pool side ----------------------------------------------------------------------------
     def _finish_job(self, job: SimJob, killed: bool = False) -> None:
+        """The job's run ends; a killed run's core time is waste and the job is idle
+        again (in submission order)."""
         p = job.pilot
         assert p is not None and job.start is not None
-        job.end = self.now
-        job.killed = killed
-        self._left.append((self.now, job.spec.submit))
-        self.claimed_core_s += job.shape.cpus * (self.now - job.start)
+        core_s = job.shape.cpus * (self.now - job.start)
         p.jobs.discard(job)
         p.used_cpus -= job.shape.cpus
         p.used_mem -= round_memory(job.shape.memory_mb)
+        if killed:
+            self.killed_core_s += core_s
+            job.kills += 1
+            job.start = job.pilot = None
+            insort(self.queue, job, key=_submitted)
+            return
+        job.end = self.now
+        self.claimed_core_s += core_s
 
     def negotiate(self) -> None:
         avail = [p for p in self.pilots.values()
@@ -376,7 +302,9 @@ class World:
                     self.unmatchable.append(payload)
             elif kind == "job_end":
                 assert isinstance(payload, SimJob)
-                if payload.end is None:
+                start = payload.start
+                if payload.end is None and start is not None and \
+                        start + payload.spec.runtime == t:  # not a killed earlier run
                     p = payload.pilot
                     self._finish_job(payload)
                     assert p is not None
@@ -393,6 +321,9 @@ class World:
                     payload.booted = True
                     if payload.draining:
                         self._end_pilot(payload)
+            elif kind == "crashed":
+                assert isinstance(payload, SimPilot)
+                self._end_pilot(payload)
             elif kind == "margin":
                 assert isinstance(payload, SimPilot)
                 if payload.ended_at is None and payload.booted and not payload.jobs:
@@ -424,3 +355,7 @@ class World:
             allocated_cores=sum(p.cpus for p in running),
             claimed_cores=sum(p.used_cpus for p in running),
         ))
+
+
+def _submitted(job: SimJob) -> float:
+    return job.spec.submit

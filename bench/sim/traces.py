@@ -124,10 +124,16 @@ def steady_4x(seed: int, duration: float = 2 * DAY) -> list[JobSpec]:
     return steady(seed, duration, rate_per_h=960)
 
 
+def trickle(seed: int, duration: float = 2 * DAY) -> list[JobSpec]:
+    """Sparse work: Poisson arrivals of one-core jobs, one every ~10 minutes on average."""
+    return steady(seed, duration, rate_per_h=6)
+
+
 TRACES: dict[str, Callable[[int], list[JobSpec]]] = {
     "steady": steady,
     "bursty": bursty,
     "diurnal": diurnal,
     "mixed": mixed,
     "steady-4x": steady_4x,
+    "trickle": trickle,
 }

@@ -1,0 +1,102 @@
+"""What the simulated world is made of: sites, jobs and pilots (plain records)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from bench.sim.traces import JobSpec
+from provisioner.config import SiteConfig
+from provisioner.model import Action, JobShape, round_memory
+
+if TYPE_CHECKING:
+    from bench.sim.world import World
+
+
+@dataclass(frozen=True)
+class SiteModel:
+    """A simulated SLURM cluster plus the provisioner's configuration for it."""
+
+    config: SiteConfig
+    nodes: int
+    cores_per_node: int
+    mem_per_node_mb: int
+    wait_median_s: float = 60.0  # SLURM queue wait, lognormal
+    wait_sigma: float = 1.0
+    boot_s: float = 90.0
+    black_hole: bool = False  # pilots exit after boot_s without ever joining the pool
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+
+class Policy(Protocol):
+    """Decides pilots. `tick` is called every `tick_s` seconds of virtual time."""
+
+    name: str
+    tick_s: float
+
+    def tick(self, world: World, now: float) -> list[Action]: ...
+
+
+@dataclass(eq=False)
+class SimJob:
+    spec: JobSpec
+    start: float | None = None
+    end: float | None = None
+    pilot: SimPilot | None = None
+    kills: int = 0  # times killed at a pilot's walltime (then requeued)
+
+    @property
+    def shape(self) -> JobShape:
+        return self.spec.shape
+
+
+@dataclass(eq=False)
+class SimPilot:
+    id: int
+    site: SiteModel
+    cpus: int
+    memory_mb: int
+    walltime_s: float
+    submitted_at: float
+    eligible: bool = False
+    node: int | None = None
+    started_at: float | None = None
+    booted: bool = False
+    draining: bool = False
+    ended_at: float | None = None
+    cancelled: bool = False
+    used_cpus: int = 0
+    used_mem: int = 0
+    jobs: set[SimJob] = field(default_factory=set)
+    claimed: bool = False  # ever ran a job
+
+    @property
+    def key(self) -> str:
+        return f"{self.site.name}/{self.id}"
+
+    @property
+    def walltime_end(self) -> float | None:
+        return None if self.started_at is None else self.started_at + self.walltime_s
+
+    @property
+    def margin_at(self) -> float:
+        end = self.walltime_end
+        assert end is not None
+        return end - self.site.config.pilot.shutdown_margin_s
+
+    def can_start(self, job: SimJob, now: float) -> bool:
+        if not self.booted or self.draining or self.ended_at is not None:
+            return False
+        s = job.shape
+        if s.cpus > self.cpus - self.used_cpus:
+            return False
+        if round_memory(s.memory_mb) > self.memory_mb - self.used_mem:
+            return False
+        end = self.walltime_end
+        assert end is not None
+        if s.runtime_s is not None:
+            return now + s.runtime_s <= end
+        return now < self.margin_at

@@ -1,0 +1,282 @@
+"""The decision state that spans cycles, in one pure object shared by the service and the
+simulator.
+
+`Controller` holds everything a cycle remembers from earlier cycles: pilot flags and their
+idle observations, the cadence mark of the last full cycle, the queue history that sizes the
+reserve's departures, the releases sent and not yet finished. It does no I/O and reads no
+clock: every method takes `now`. The service (`provisioner.service.Provisioner`) observes,
+asks the controller, and acts; the simulator (`bench.sim.policies.PlanPolicy`) does the same
+against its virtual world, so both run the very same cycle.
+
+Contract of one cycle, in order:
+
+1. ``reason = controller.due(now, probe)``: whether a full cycle runs now ("" = not).
+2. ``since = controller.arrivals_since(now)``: the start of the arrival window to query
+   (None: the reserve is off, do not query arrivals).
+3. Observe into a `Snapshot` (its `flagged`/`idle_cycles` are filled in by the controller).
+4. ``plan = controller.cycle(snapshot, now, QueueSize(total, older))``: decides (calls the
+   pure `plan()`) and carries the state over to the next cycle. Apply `plan.actions`.
+5. After pilots were submitted: ``controller.submitted(keys)`` (the circuit breaker
+   follows them from then on, even if one starts and dies before the next cycle looks).
+   After a release was sent: ``controller.released(key, now)``; once per cycle, with the
+   pool's view, ``controller.follow_releases(now, view)`` names the SLURM jobs of released
+   pilots to cancel (startd gone, job lingering).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from provisioner.arrivals import QueueHistory, departures
+from provisioner.breaker import SiteBreakers
+from provisioner.cadence import CycleMark, Probe, cycle_due
+from provisioner.config import Config
+from provisioner.estimates import Estimates
+from provisioner.model import Cancel, PilotState, Plan, Snapshot
+from provisioner.plan import carry_over, plan
+from provisioner.scaledown import drained_empty
+
+log = logging.getLogger(__name__)
+
+_UP = (PilotState.IDLE, PilotState.BUSY, PilotState.DRAINING)
+
+#: A released pilot whose startd ad has been gone this long, on which the schedd runs no
+#: job, and whose SLURM job lingers, is cancelled. A released pilot that still advertises
+#: itself, not draining, this long after the release refused it (it took a job) and is
+#: forgotten.
+LINGER_S = 60.0
+
+
+@dataclass
+class ReleaseMark:
+    """A release sent at `sent_at`; `ad_gone_since` is when its startd ad was first missed."""
+
+    sent_at: float
+    ad_gone_since: float | None = None
+
+
+@dataclass(frozen=True)
+class QueueSize:
+    """The schedd's queue at this cycle: all jobs, and those submitted before the window."""
+
+    total: int
+    older: int
+
+
+@dataclass(frozen=True)
+class PoolView:
+    """What following releases needs to see, per pilot key ("site/job_id").
+
+    `jobs`: the live SLURM job ids of every site read this cycle (unknown sites absent);
+    `ads`: pilot key -> whether its startd ad says draining (keys without an ad absent);
+    `running`: pilot keys on whose startd the schedd runs a job."""
+
+    jobs: Mapping[str, frozenset[str]]
+    ads: Mapping[str, bool]
+    running: frozenset[str] = frozenset()
+
+
+@dataclass
+class Controller:
+    """Pure cycle state; see the module docstring for the calling contract."""
+
+    config: Config
+    flagged: dict[str, float] = field(default_factory=dict)
+    idle_cycles: dict[str, int] = field(default_factory=dict)
+    releases: dict[str, ReleaseMark] = field(default_factory=dict)
+    mark: CycleMark | None = None
+    history: QueueHistory = field(init=False)
+    estimates: Estimates = field(init=False)
+    breakers: SiteBreakers = field(init=False)
+    unneeded: dict[str, int] = field(default_factory=dict)  # pending key -> cycles unneeded
+    hedged: set[str] = field(default_factory=set)
+    drained: dict[str, int] = field(default_factory=dict)  # drained-empty key -> cycles
+    arrivals: deque[float] = field(default_factory=deque)  # distinct arrival times
+    reserves: deque[tuple[float, int]] = field(default_factory=deque)  # (time, wanted)
+    #: circuit-breaker state changes seen by the last cycle (the service logs them)
+    transitions: list[str] = field(default_factory=list)
+    cycles: int = 0
+
+    def __post_init__(self) -> None:
+        r = self.config.policy.reserve
+        self.history = QueueHistory(max(r.window_s, r.evidence_s))
+        self.estimates = Estimates(self.config.policy.placement)
+        b = self.config.policy.breaker
+        self.breakers = SiteBreakers(b.threshold, b.base_s, b.max_s)
+
+    # -- what survives a restart -------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """JSON-able learnt state: site lead-time estimates and circuit breakers. The
+        service persists it (journal key "controller"); `provisioner status` reads the
+        breakers from there."""
+        return {"estimates": self.estimates.to_dict(), "breakers": self.breakers.to_dict()}
+
+    def load(self, data: dict[str, Any] | None) -> None:
+        """Restore what `state()` returned (missing or malformed parts are ignored)."""
+        data = data or {}
+        self.estimates.load(data.get("estimates") or {})
+        self.breakers.load(data.get("breakers") or {})
+
+    # -- cadence -----------------------------------------------------------------------
+    def due(self, now: float, probe: Probe) -> str:
+        """Why a full cycle is due at `now` given the cheap `probe`, or ""."""
+        return cycle_due(now, probe, self.mark, self.config.policy)
+
+    # -- the reserve's window ----------------------------------------------------------
+    def window(self, now: float) -> float:
+        """The arrival window at `now`: ``window_s``, or longer when arrivals are sparse,
+        so that it spans ``window_gaps`` mean gaps between the distinct arrival times seen
+        over the last ``evidence_s`` (at most ``evidence_s``)."""
+        r = self.config.policy.reserve
+        if not self.arrivals:
+            return r.evidence_s
+        gap = max(now - self.arrivals[0], 0.0) / len(self.arrivals)
+        return max(r.window_s, min(r.evidence_s, r.window_gaps * gap))
+
+    def arrivals_since(self, now: float) -> float | None:
+        """Start of the arrival window to query at `now`; None when the reserve is off."""
+        if not self.config.policy.reserve.enabled:
+            return None
+        return self.history.baseline(now, self.window(now))[0]
+
+    # -- one cycle -----------------------------------------------------------------------
+    def cycle(self, snapshot: Snapshot, now: float, queue: QueueSize | None = None,
+              commit: bool = True, idle_ads: frozenset[str] | None = None) -> Plan:
+        """Decide this cycle's actions for `snapshot` observed at `now` (the time the cycle
+        began, before observing). `queue` (None: unknown) sizes the reserve's departures.
+        `idle_ads`: the idle pilots as the quick check sees them (startd ads, a ghost's
+        included; None: the snapshot's idle pilots), for the cadence mark. With
+        `commit=False` (a dry run) nothing is remembered."""
+        snap = self.prepare(snapshot, now, queue, commit)
+        result = plan(snap, self.config, now)
+        if commit:
+            self.remember(snap, result, now, idle_ads)
+        return result
+
+    def prepare(self, snapshot: Snapshot, now: float, queue: QueueSize | None = None,
+                commit: bool = True) -> Snapshot:
+        """`snapshot` with the carried state filled in: flags, idle observations, the
+        arrival window and the departures during it, the learnt site estimates, pending
+        pilots' unneeded cycles and hedges, circuit-breaker limits, drained pilots. With
+        `commit`, this cycle's pilots are learnt from first."""
+        known = {v.name for v in snapshot.sites if v.known}
+        seen = [p for p in snapshot.pilots if p.site in known]
+        since, size_then = self.history.baseline(now, self.window(now))  # as arrivals_since
+        if commit:
+            self._count_arrival(snapshot.last_arrival_at, now)
+            self.transitions = []
+        if commit and snapshot.pool_known:
+            self.estimates.observe(seen, now)
+            for site in sorted(known):
+                # joined: up in the pool, or it has a startd ad (a name) while ending
+                self.transitions += self.breakers.observe(
+                    site, [p.key for p in seen if p.site == site],
+                    [p.key for p in seen if p.site == site
+                     and (p.name is not None or p.state in _UP)], now)
+        in_flight: dict[str, int] = {}
+        for p in seen:
+            if p.state in (PilotState.PENDING, PilotState.STARTING):
+                in_flight[p.site] = in_flight.get(p.site, 0) + 1
+        drained = {p.key: self.drained.get(p.key, 0) for p in snapshot.pilots
+                   if drained_empty(p) and p.key not in self.releases}
+        window, left = 0.0, None
+        if snapshot.pool_known and queue is not None:
+            if commit:
+                self.history.record(now, queue.total)
+            if self.config.policy.reserve.enabled:
+                window = now - since
+                left = departures(size_then, queue.older)
+        return replace(snapshot, flagged=dict(self.flagged), idle_cycles=dict(self.idle_cycles),
+                       arrival_window_s=window if snapshot.recent_arrivals else 0.0,
+                       recent_departures=left, estimates=dict(self.estimates.sites),
+                       unneeded_cycles=dict(self.unneeded), hedged=frozenset(self.hedged),
+                       submit_limit=self.breakers.limits(now, in_flight), drained_cycles=drained,
+                       arrival_times=len(self.arrivals),
+                       reserve_hold=max((n for _t, n in self.reserves), default=0))
+
+    def _count_arrival(self, newest: float | None, now: float) -> None:
+        """Remember the newest job's submission time if it is new, that is later than
+        the last one remembered by more than one quick check (a batch submitted over a
+        few seconds is one arrival time); forget old ones."""
+        apart = self.config.policy.quick_check_s
+        if newest is not None and (not self.arrivals or newest > self.arrivals[-1] + apart):
+            self.arrivals.append(newest)
+        while self.arrivals and self.arrivals[0] < now - self.config.policy.reserve.evidence_s:
+            self.arrivals.popleft()
+
+    def remember(self, snapshot: Snapshot, result: Plan, now: float,
+                 idle_ads: frozenset[str] | None = None) -> None:
+        """Carry flags, idle observations, unneeded and drained counts and hedges over,
+        and set the cadence mark."""
+        self.flagged, self.idle_cycles = carry_over(snapshot, result, now)
+        self.reserves.append((now, result.reserve_sized))
+        while self.reserves and self.reserves[0][0] <= now - result.reserve_lead_s:
+            self.reserves.popleft()
+        if snapshot.pool_known:
+            known = {v.name for v in snapshot.sites if v.known}
+            present = {p.key for p in snapshot.pilots}
+            kept = {k: n for k, n in snapshot.unneeded_cycles.items()
+                    if k in present and k.split("/", 1)[0] not in known}
+            kept.update({k: snapshot.unneeded_cycles.get(k, 0) + 1 for k in result.unneeded})
+            self.unneeded = kept
+            self.hedged = (self.hedged | set(result.hedges)) & present
+            self.drained = {k: n + 1 for k, n in snapshot.drained_cycles.items()}
+            for a in result.actions:
+                if isinstance(a, Cancel) and a.pilot.state is PilotState.PENDING:
+                    # withdrawn, not failed (if it started meanwhile, it stays and the
+                    # next cycle follows it again)
+                    self.breakers.withdraw(a.pilot.key)
+        self.mark = CycleMark(
+            at=now, idle_jobs=sum(d.idle for d in snapshot.demand),
+            # as the quick check will see them, or a ghost ad would look newly idle at
+            # every check
+            idle_pilots=idle_ads if idle_ads is not None else frozenset(
+                p.key for p in snapshot.pilots if p.state is PilotState.IDLE),
+            # drained pilots await their next observation as flagged ones do
+            flagged=len(self.flagged) + len(self.drained), unplaced=result.unplaced_jobs,
+            reserve=result.reserve_jobs)
+        self.cycles += 1
+
+    # -- submissions and releases --------------------------------------------------------
+    def submitted(self, keys: Iterable[str]) -> None:
+        """Pilots just submitted ("site/job_id"): the circuit breaker follows them."""
+        self.breakers.track(keys)
+
+    def released(self, key: str, now: float) -> None:
+        """A release of pilot `key` was sent at `now`."""
+        self.releases[key] = ReleaseMark(now)
+
+    def follow_releases(self, now: float, view: PoolView) -> list[str]:
+        """Pilot keys whose SLURM job to cancel now: released, startd ad gone for more than
+        `LINGER_S`, no job running there, job still in SLURM. Releases that finished (job
+        gone) or were refused (ad back, not draining, after `LINGER_S`) are forgotten; sites
+        not read this cycle are left alone. A key returned stays followed until
+        `cancelled(key)` says its cancel went through."""
+        out = []
+        for key, mark in list(self.releases.items()):
+            site, job_id = key.split("/", 1)
+            if site not in view.jobs:
+                continue
+            if job_id not in view.jobs[site]:
+                del self.releases[key]  # the pilot left, as asked
+                continue
+            draining = view.ads.get(key)
+            if draining is not None:
+                mark.ad_gone_since = None
+                if not draining and now - mark.sent_at > LINGER_S:
+                    del self.releases[key]  # refused: it took a job; it stays a pilot
+                continue
+            if mark.ad_gone_since is None:
+                mark.ad_gone_since = now
+            if key in view.running or now - mark.ad_gone_since <= LINGER_S:
+                continue
+            out.append(key)
+        return out
+
+    def cancelled(self, key: str) -> None:
+        """The SLURM job of released pilot `key` was cancelled: stop following it."""
+        self.releases.pop(key, None)

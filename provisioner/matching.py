@@ -1,0 +1,123 @@
+"""Which sites can run a job shape (pure): the first stage of `plan()`.
+
+A shape fits a site when the site's largest pilot has the cores, the memory (rounded like
+the startd), the GPUs and, for a job that states its runtime, the usable walltime, and the
+job's DesiredSites (if any) names the site. A shape no site fits is reported with one
+readable reason and never causes a pilot.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from provisioner.config import SiteConfig
+from provisioner.model import Demand, JobShape, Unmatchable, round_memory
+from provisioner.packing import Item
+
+
+@dataclass(slots=True)
+class Row:
+    """One demand shape (or reserve slot group) through the stages of one cycle.
+
+    `sites` are the names of the sites that fit it; `left` counts the jobs not yet given a
+    slot (it starts at `jobs` and only goes down)."""
+
+    item: Item
+    shape: JobShape
+    jobs: int
+    sites: list[str]
+    reserve: bool = False
+    left: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.left = self.jobs
+
+    def size_key(self) -> tuple[int, int, int]:
+        return self.item.cpus, self.item.memory_mb, self.item.gpus
+
+
+def item_of(shape: JobShape) -> Item:
+    """The packer's view of a shape: at least one cpu, memory rounded like the startd."""
+    return Item(
+        cpus=max(1, shape.cpus),
+        memory_mb=round_memory(shape.memory_mb),
+        gpus=max(0, shape.gpus),
+        runtime_s=shape.runtime_s,
+    )
+
+
+def site_rejects(shape: JobShape, site: SiteConfig, item: Item | None = None) -> str:
+    """Why `site`'s largest pilot cannot run `shape`, or "" if it can."""
+    if shape.desired_sites and site.name not in shape.desired_sites:
+        return f"DesiredSites {','.join(shape.desired_sites)} excludes {site.name}"
+    p = site.pilot
+    item = item or item_of(shape)
+    if item.cpus > p.cpus:
+        return f"RequestCpus {item.cpus} > {site.name} pilot {p.cpus} cores"
+    if item.memory_mb > p.memory_mb:
+        return f"RequestMemory {shape.memory_mb} MB > {site.name} pilot {p.memory_mb} MB"
+    if item.gpus > p.gpus:
+        return f"RequestGPUs {item.gpus} > {site.name} pilot {p.gpus} GPUs"
+    if shape.runtime_s is not None and shape.runtime_s > p.usable_s:
+        return (
+            f"runtime {shape.runtime_s} s > {site.name} usable pilot walltime {p.usable_s} s"
+        )
+    return ""
+
+
+def fitting_sites(shape: JobShape, sites: Sequence[SiteConfig], item: Item) -> list[str]:
+    """Names of the sites that can run `shape`, in the order of `sites`."""
+    return [s.name for s in sites if not site_rejects(shape, s, item)]
+
+
+def unmatchable_reason(shape: JobShape, sites: Sequence[SiteConfig]) -> str:
+    """One readable reason naming the field and the numbers, for a shape no site can run."""
+    if shape.desired_sites:
+        known = [s for s in sites if s.name in shape.desired_sites]
+        if not known:
+            return f"DesiredSites {','.join(shape.desired_sites)} names no configured site"
+        sites = known
+    item = item_of(shape)
+    checks = (
+        ("RequestCpus", item.cpus, max(s.pilot.cpus for s in sites), "cores"),
+        ("RequestMemory", shape.memory_mb, max(s.pilot.memory_mb for s in sites), "MB"),
+        ("RequestGPUs", item.gpus, max(s.pilot.gpus for s in sites), "GPUs"),
+    )
+    for what, asked, largest, unit in checks:
+        if (item.memory_mb if what == "RequestMemory" else asked) > largest:
+            return f"{what} {asked} {unit} > largest pilot {largest} {unit}"
+    if shape.runtime_s is not None:
+        longest = max(s.pilot.usable_s for s in sites)
+        if shape.runtime_s > longest:
+            return f"runtime {shape.runtime_s} s > longest usable pilot walltime {longest} s"
+    return "no single site fits: " + "; ".join(site_rejects(shape, s) for s in sites)
+
+
+def match_demand(demand: Iterable[Demand], sites: Sequence[SiteConfig]
+                 ) -> tuple[list[Row], list[Unmatchable]]:
+    """Stage 1: equal shapes merged, each matched to its sites; rows largest first."""
+    merged: Counter[JobShape] = Counter()
+    for d in demand:
+        if d.idle > 0:
+            merged[d.shape] += d.idle
+    rows: list[Row] = []
+    unmatchable: list[Unmatchable] = []
+    for shape, idle in merged.items():
+        item = item_of(shape)
+        fits = fitting_sites(shape, sites, item)
+        if fits:
+            rows.append(Row(item, shape, idle, fits))
+        else:
+            unmatchable.append(Unmatchable(shape, idle, unmatchable_reason(shape, sites)))
+    rows.sort(key=Row.size_key, reverse=True)
+    return rows, unmatchable
+
+
+def demand_of(shapes: Iterable[tuple[JobShape, int]]) -> tuple[Demand, ...]:
+    """Convenience: Demand rows from (shape, idle) pairs, merging equal shapes."""
+    merged: Counter[JobShape] = Counter()
+    for shape, n in shapes:
+        merged[shape] += n
+    return tuple(Demand(s, n) for s, n in merged.items() if n > 0)

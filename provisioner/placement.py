@@ -1,0 +1,117 @@
+"""Where demand goes (pure): each site's expected time to a usable slot, and how a row's
+jobs are shared among sites that are equally good.
+
+A site's *lead* is its expected SLURM queue wait plus boot time (`SiteEstimate`, learnt by
+the controller; defaults from `policy.placement` for a site without history), raised
+when its pending pilots have all waited longer (`site_leads`). The lead is divided by
+the site's weight: a weight scales, it does not order. A row that could not fill a
+site's smallest pilot is charged the cores that pilot would leave unused. Sites within
+`tie_share` of the best *share* a row; no site wins a tie by its name. Pending pilots
+count as capacity only while no new pilot elsewhere would beat them (`slow_pending`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+
+from provisioner.config import Config, PlacementConfig
+from provisioner.matching import Row
+from provisioner.model import PilotState, SiteEstimate, Snapshot
+
+
+def estimate_of(site: str, estimates: Mapping[str, SiteEstimate],
+                placement: PlacementConfig) -> SiteEstimate:
+    """The site's learnt estimate; without history, as quick as the quickest learnt site
+    (at most the configured default), so that it gets demand and is learnt."""
+    known = estimates.get(site)
+    if known is not None and known.samples > 0:
+        return known
+    learnt = [e.wait_s for e in estimates.values() if e.samples > 0]
+    wait = min([placement.default_wait_s, *learnt])
+    return SiteEstimate(wait, known.boot_s if known else placement.default_boot_s, 0)
+
+
+def site_leads(snapshot: Snapshot, config: Config, now: float) -> dict[str, float]:
+    """Per site: expected seconds from a submission now to a usable slot: the expected
+    queue wait plus boot. Pending pilots are censored observations: when even the
+    youngest pending pilot has waited longer than the estimate, the wait is raised toward
+    its age, fully for a site without history and less the more starts it has seen (one
+    straggler in a heavy-tailed queue does not make a busy site slow)."""
+    placement = config.policy.placement
+    youngest: dict[str, float] = {}
+    for p in snapshot.pilots:
+        if p.state is PilotState.PENDING:
+            age = max(0.0, now - p.submitted_at)
+            youngest[p.site] = min(youngest.get(p.site, age), age)
+    out = {}
+    for s in config.sites:
+        est = estimate_of(s.name, snapshot.estimates, placement)
+        beyond = max(0.0, youngest.get(s.name, 0.0) - est.wait_s)
+        out[s.name] = est.wait_s + beyond / (1 + min(est.samples, 10)) + est.boot_s
+    return out
+
+
+def costs_of(leads: Mapping[str, float], config: Config) -> dict[str, float]:
+    """Leads scaled by weight (an admin's preference): lead / weight, inf for weight 0."""
+    return {s.name: (leads[s.name] + 1.0) / s.weight if s.weight > 0 else math.inf
+            for s in config.sites}
+
+
+def slow_pending(snapshot: Snapshot, config: Config, now: float, leads: Mapping[str, float],
+                 open_sites: Iterable[str]) -> dict[str, str]:
+    """Pending pilots that no longer count as capacity (key -> site): expected to be
+    usable later than a new pilot at the quickest site that can take one now, plus
+    ``hedge_margin_s``. A pilot's remaining wait is its site's expected wait less its age,
+    or its age if longer (queue waits have heavy tails: the longer a pilot waited, the
+    longer it is likely to wait). Pilots at sites not read this cycle always count."""
+    known = {v.name for v in snapshot.sites if v.known}
+    best = min((leads[name] for name in open_sites), default=math.inf)
+    if best == math.inf:
+        return {}
+    placement = config.policy.placement
+    out = {}
+    for p in snapshot.pilots:
+        if p.state is not PilotState.PENDING or p.site not in known:
+            continue
+        est = estimate_of(p.site, snapshot.estimates, placement)
+        age = max(0.0, now - p.submitted_at)
+        ready = max(est.wait_s - age, age) + est.boot_s
+        if ready > best + placement.hedge_margin_s:
+            out[p.key] = p.site
+    return out
+
+
+def ranked(row: Row, site_costs: Mapping[str, float], min_cpus: Mapping[str, int],
+           tie_share: float) -> list[list[str]]:
+    """The row's sites in tiers of equal cost, best first. Cost is the weighted lead,
+    times the share of a smallest pilot the row's jobs would leave unused."""
+    need = max(1, row.item.cpus * row.left)
+    costs = {s: site_costs[s] * max(1.0, min_cpus[s] / need) for s in row.sites}
+    tiers: list[list[str]] = []
+    for s in sorted(row.sites, key=lambda name: costs[name]):
+        if tiers and costs[s] <= costs[tiers[-1][0]] * (1 + tie_share):
+            tiers[-1].append(s)
+        else:
+            tiers.append([s])
+    return tiers
+
+
+def shares(n: int, capacity: Sequence[int], load: Sequence[float]) -> list[int]:
+    """`n` jobs over sites in proportion to `capacity` (jobs each can still take), never
+    more than a site's capacity; remainders go to the least loaded sites first (ties by
+    position). Sums to min(n, sum(capacity))."""
+    total = sum(capacity)
+    if total <= 0 or n <= 0:
+        return [0] * len(capacity)
+    n = min(n, total)
+    exact = [n * c / total for c in capacity]
+    out = [min(c, int(e)) for c, e in zip(capacity, exact, strict=True)]
+    rest = n - sum(out)
+    order = sorted(range(len(capacity)), key=lambda i: (-(exact[i] - out[i]), load[i], i))
+    while rest > 0:
+        for i in order:
+            if rest and out[i] < capacity[i]:
+                out[i] += 1
+                rest -= 1
+    return out

@@ -1,0 +1,173 @@
+"""The predictive reserve (pure): job slots kept free for jobs about to arrive.
+
+See `provisioner.config.ReserveConfig` for the model. `reserve_rows()` turns the recent
+arrivals of a `Snapshot` into `Row`s that `plan()` packs after all real demand.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+
+from provisioner.config import Config, SiteConfig
+from provisioner.matching import Row, fitting_sites, item_of
+from provisioner.model import JobShape, Snapshot
+
+
+def reserve_lead(snapshot: Snapshot, config: Config) -> float:
+    """The reserve's lead time: from a slot being taken to a new pilot taking jobs, at
+    the quickest site that has learnt its queue: one quick check, its expected queue
+    wait and boot time; ``reserve.lead_s`` while no site has learnt one."""
+    learnt = [config.policy.quick_check_s + e.wait_s + e.boot_s
+              for e in snapshot.estimates.values() if e.samples > 0]
+    return min(learnt, default=config.policy.reserve.lead_s)
+
+
+def reserve_size(matchable_arrivals: int, window_s: float, config: Config,
+                 departures: int | None = None, quiet_s: float = 0.0,
+                 lead_s: float | None = None) -> int:
+    """Job slots to keep free for jobs about to arrive (see `ReserveConfig`).
+
+    Over one lead time `lead_s` (None: ``reserve.lead_s``) ``A ~ Poisson(a)`` jobs arrive
+    and ``D ~ Poisson(d)`` leave (freeing their slots), ``a`` and ``d`` scaled from the
+    window's counts, departures counted at most up to the arrivals (unknown: ``d = a``).
+    The queue's expected growth beyond the noise of its estimate, ``g = max(0, a - d -
+    noise)``, is added as is. The rest serves two service levels at once, ``eps`` being
+    the normal tail beyond ``factor`` standard deviations (2: 2.3 %): the slots run out
+    within a lead time with probability about ``eps`` (``factor * sqrt(a + d)``, the
+    normal approximation, right for many arrivals), and at most a share ``eps`` of the
+    arriving jobs find no slot (the smallest ``R`` with ``E[(A - D - R)+] <= eps * a``,
+    less the expected growth; exact for few arrivals, where the normal approximation
+    keeps too few). Capped at ``max_jobs``; factor 0, no arrivals or no window: none. When nothing
+    arrived for `quiet_s` seconds, longer than ``quiet_gaps`` mean gaps between arrivals,
+    arrivals stopped: the reserve decays by e every lead time beyond that."""
+    r = config.policy.reserve
+    lead = r.lead_s if lead_s is None else lead_s
+    if (not r.enabled or window_s <= 0 or matchable_arrivals <= 0 or r.max_jobs <= 0
+            or r.factor <= 0):
+        return 0
+    arrived = matchable_arrivals
+    left = arrived if departures is None else min(arrived, max(0.0, departures))
+    scale = lead / window_s  # window counts -> one lead time
+    a, d = arrived * scale, left * scale
+    # growth counts only beyond its own sampling noise (one standard deviation of the
+    # difference of two Poisson counts over the window): a steady queue adds nothing
+    noise = math.sqrt(arrived + left) * scale
+    # slots run out within a lead time with probability eps; at most eps of the jobs
+    # find none (beyond the expected growth a - d, which the first term holds)
+    service = max(r.factor * math.sqrt(a + d),
+                  fill_rate_stock(a, d, _tail(r.factor), r.max_jobs) - (a - d))
+    want = max(0.0, a - d - noise) + service
+    stopped = quiet_s - r.quiet_gaps * window_s / arrived
+    if stopped > 0:
+        want *= math.exp(-stopped / lead) if lead > 0 else 0.0
+    return max(0, min(r.max_jobs, math.ceil(want - 1e-9)))
+
+
+def _tail(z: float) -> float:
+    """P(N > z) for a standard normal N."""
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def fill_rate_stock(a: float, d: float, eps: float, most: int) -> int:
+    """Smallest R in [0, most] with E[(A - D - R)+] <= eps * a, A ~ Poisson(a) and
+    D ~ Poisson(d) independent."""
+    if a <= 0:
+        return 0
+    if a + d > 60:  # normal approximation of A - D
+        mu, sigma = a - d, math.sqrt(a + d)
+        for stock in range(most + 1):
+            z = (stock - mu) / sigma
+            loss = sigma * (math.exp(-z * z / 2) / math.sqrt(2 * math.pi) - z * _tail(z))
+            if loss <= eps * a:
+                return stock
+        return most
+    top = int(a + 10 * math.sqrt(a) + 10)
+    p_a = _poisson(a, top)
+    p_d = _poisson(d, top)
+    # distribution of the net growth A - D, for the values above zero
+    net = [0.0] * (top + 1)
+    for i, pa in enumerate(p_a):
+        for j, pd in enumerate(p_d[: i + 1]):
+            net[i - j] += pa * pd
+    for stock in range(most + 1):
+        loss = sum((k - stock) * p for k, p in enumerate(net) if k > stock)
+        if loss <= eps * a:
+            return stock
+    return most
+
+
+def _poisson(mean: float, top: int) -> list[float]:
+    out = [math.exp(-mean)]
+    for k in range(1, top + 1):
+        out.append(out[-1] * mean / k)
+    return out
+
+
+_Key = tuple[int, int, tuple[str, ...]]
+
+
+def reserve_rows(snapshot: Snapshot, config: Config, sites: Sequence[SiteConfig],
+                 now: float) -> tuple[list[Row], int]:
+    """The reserve as rows (marked `reserve`), largest first, and the size the arrivals
+    ask for (before `Snapshot.reserve_hold`).
+
+    Recently arrived matchable jobs are grouped by (cpus, gpus, DesiredSites); a group's
+    reserve slot takes the largest memory seen in it and no stated runtime, so one slot
+    fits any recent job of that group. The reserve is split over the groups in proportion
+    to the square root of their arrivals (largest remainder). Jobs that arrived at fewer
+    than ``min_arrival_times`` distinct times are no rate: no reserve. The size is at least
+    `Snapshot.reserve_hold` while any arrival is in the window."""
+    times = snapshot.arrival_times
+    if times is not None and times < config.policy.reserve.min_arrival_times:
+        return [], 0
+    counts: Counter[_Key] = Counter()
+    memory: dict[_Key, int] = {}
+    for d in snapshot.recent_arrivals:
+        if d.idle <= 0:
+            continue
+        shape = d.shape
+        item = item_of(shape)
+        if not fitting_sites(shape, sites, item):
+            continue  # unmatchable arrivals never cause a reserve
+        key = (item.cpus, item.gpus, shape.desired_sites)
+        counts[key] += d.idle
+        memory[key] = max(memory.get(key, 0), shape.memory_mb)
+    total = sum(counts.values())
+    last = snapshot.last_arrival_at
+    quiet = 0.0 if last is None else max(0.0, now - last)
+    size = reserve_size(total, snapshot.arrival_window_s, config, snapshot.recent_departures,
+                        quiet, reserve_lead(snapshot, config))
+    if total == 0:
+        return [], 0
+    quota = _split(max(size, min(snapshot.reserve_hold, config.policy.reserve.max_jobs)),
+                   counts)
+    rows: list[Row] = []
+    for key, n in quota.items():
+        if n <= 0:
+            continue
+        cpus, gpus, desired = key
+        shape = JobShape(cpus, memory[key], gpus=gpus, desired_sites=desired)
+        item = item_of(shape)
+        fits = fitting_sites(shape, sites, item)
+        if fits:  # the largest memory of a group may fit fewer sites than its jobs do
+            rows.append(Row(item, shape, n, fits, reserve=True))
+    rows.sort(key=Row.size_key, reverse=True)
+    return rows, size
+
+
+def _split(size: int, counts: Counter[_Key]) -> dict[_Key, int]:
+    """`size` slots over the groups in proportion to the square root of their counts: a
+    rare shape's arrivals vary relatively more, so it gets more than its count (largest
+    remainder rounding; ties by count, then key)."""
+    order = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    roots = {key: math.sqrt(n) for key, n in order}
+    norm = sum(roots.values())
+    exact = {key: size * roots[key] / norm for key, _n in order}
+    quota = {key: int(exact[key]) for key, _n in order}
+    rest = size - sum(quota.values())
+    by_remainder = sorted(order, key=lambda kv: (-(exact[kv[0]] - quota[kv[0]]), -kv[1], kv[0]))
+    for key, _n in by_remainder[:rest]:
+        quota[key] += 1
+    return quota

@@ -1,0 +1,146 @@
+"""Scale-down (pure): the last stage of `plan()`, and the flag state it carries over.
+
+IDLE pilots without assigned demand (or reserve) are flagged, and released once observed
+idle for `idle_release_cycles` consecutive cycles (minimum lifetime and keep_warm
+permitting); flagged pilots that are busy again or received demand are unflagged; PENDING
+pilots without assigned demand are cancelled (keep_warm permitting); pilots running at
+their site whose startd never joined the pool within `start_timeout_s` are cancelled.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+from provisioner.config import Config
+from provisioner.model import (
+    Action,
+    Cancel,
+    Flag,
+    Pilot,
+    PilotState,
+    Plan,
+    Release,
+    Snapshot,
+    Unflag,
+)
+
+_WARM = frozenset((PilotState.IDLE, PilotState.STARTING, PilotState.PENDING))
+
+
+def _idle_observations(snapshot: Snapshot, p: Pilot, now: float) -> int:
+    """How many consecutive cycles `p` has been seen idle, this one included. Earlier
+    observations count only if the pilot was flagged in an earlier cycle (flagged_at < now);
+    `snapshot.idle_cycles` (from `carry_over`) tells how many, else one."""
+    flagged_at = snapshot.flagged.get(p.key)
+    if flagged_at is None or flagged_at >= now:
+        return 1
+    return max(1, snapshot.idle_cycles.get(p.key, 1)) + 1
+
+
+def drained_empty(p: Pilot) -> bool:
+    """A DRAINING pilot with nothing claimed and no job running (the observer reports a
+    draining pilot that runs anything with fewer free cores than it has)."""
+    return (p.state is PilotState.DRAINING and p.free_cpus >= p.cpus
+            and p.free_memory_mb >= p.memory_mb)
+
+
+def pilot_actions(
+    snapshot: Snapshot, config: Config, now: float, used: set[str], site_ok: dict[str, bool],
+    submitting: bool = False,
+) -> tuple[list[Action], list[str]]:
+    """Flag, unflag, release and cancel existing pilots; also returns the pending pilots no
+    demand needed this cycle. `used`: pilots that received demand (or reserve) or must be
+    kept for it; `submitting`: this cycle submits new pilots (then no pending pilot is
+    cancelled: it would be replaced by an equivalent one)."""
+    out: list[Action] = []
+    unneeded: list[str] = []
+    cancel_after = config.policy.placement.pending_cancel_cycles
+    by_site: dict[str, list[Pilot]] = defaultdict(list)
+    for p in snapshot.pilots:
+        if site_ok.get(p.site, False):
+            by_site[p.site].append(p)
+    n_release = config.policy.idle_release_cycles
+    for site_name, pilots in sorted(by_site.items()):
+        site = config.site(site_name)
+        # warm = unclaimed pilots that are up or coming up; keep_warm of them are kept
+        warm = sum(1 for p in pilots if p.state in _WARM and p.key not in used)
+        cancels: list[Pilot] = []
+        releases: list[Pilot] = []
+        for p in pilots:
+            flagged = p.key in snapshot.flagged
+            if p.state is PilotState.BUSY:
+                if flagged:
+                    out.append(Unflag(p, "busy again"))
+            elif p.state is PilotState.IDLE:
+                if p.key in used:
+                    if flagged:
+                        out.append(Unflag(p, "idle demand will use it"))
+                elif _idle_observations(snapshot, p, now) >= n_release:
+                    releases.append(p)
+                elif not flagged:
+                    out.append(Flag(p, "idle, no demand for it"))
+            elif p.state is PilotState.PENDING and p.key not in used:
+                unneeded.append(p.key)
+                if (not submitting
+                        and snapshot.unneeded_cycles.get(p.key, 0) + 1 >= cancel_after):
+                    cancels.append(p)
+            elif (drained_empty(p)
+                  and snapshot.drained_cycles.get(p.key, 0) + 1 >= n_release):
+                # drained by someone else (an admin's condor_drain), running nothing: it
+                # would count against the caps for ever
+                out.append(Cancel(p, f"draining with nothing running for {n_release} cycles"))
+            elif (p.state is PilotState.STARTING and p.started_at is not None
+                  and now - p.started_at > config.policy.start_timeout_s):
+                # Running at the site but its startd never registered (and the schedd
+                # runs nothing there, or it would be BUSY): it only burns allocation.
+                out.append(Cancel(p, f"started {now - p.started_at:.0f} s ago, never joined "
+                                     "the pool"))
+        # release the pilots that end soonest, cancel the ones submitted last; keep the rest
+        releases.sort(key=lambda p: (p.walltime_end or math.inf, p.job_id))
+        for p in releases:
+            age = now - (p.started_at if p.started_at is not None else p.submitted_at)
+            if age >= config.policy.min_pilot_lifetime_s and warm > site.keep_warm:
+                out.append(Release(p, f"idle for {n_release} cycles, no demand for it"))
+                warm -= 1
+            elif p.key not in snapshot.flagged:
+                out.append(Flag(p, "idle, no demand for it (kept: lifetime/keep_warm)"))
+        for p in sorted(cancels, key=lambda p: (-p.submitted_at, p.job_id)):
+            if warm > site.keep_warm:
+                out.append(Cancel(p, f"pending, no demand for it for {cancel_after} cycles"))
+                warm -= 1
+    return out, unneeded
+
+
+def carry_over(
+    snapshot: Snapshot, result: Plan, now: float
+) -> tuple[dict[str, float], dict[str, int]]:
+    """The `flagged` and `idle_cycles` maps for the next cycle's Snapshot.
+
+    Flags set this cycle are stamped `now`; unflagged, released, cancelled and vanished
+    pilots drop out; pilots at unknown sites keep what they had. Pure helper for the service
+    (and the simulator), so hysteresis state lives in one place.
+    """
+    if not snapshot.pool_known:
+        return dict(snapshot.flagged), dict(snapshot.idle_cycles)
+    known = {v.name for v in snapshot.sites if v.known}
+    flagged = dict(snapshot.flagged)
+    idle_cycles: dict[str, int] = {}
+    present = {p.key: p for p in snapshot.pilots}
+    for key in list(flagged):
+        if key not in present:
+            del flagged[key]
+    dropped: set[str] = set()
+    for a in result.actions:
+        if isinstance(a, Flag):
+            flagged[a.pilot.key] = now
+        elif isinstance(a, (Unflag, Release, Cancel)):
+            flagged.pop(a.pilot.key, None)
+            dropped.add(a.pilot.key)
+    for key, p in present.items():
+        if p.site not in known:
+            if key in snapshot.idle_cycles:
+                idle_cycles[key] = snapshot.idle_cycles[key]
+        elif p.state is PilotState.IDLE and key not in dropped and key in flagged:
+            idle_cycles[key] = _idle_observations(snapshot, p, now)
+    return flagged, idle_cycles

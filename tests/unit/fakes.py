@@ -1,0 +1,83 @@
+"""Hand-written fakes of the pool and a site backend: they record calls and inject the
+next error. Fine for unit tests of the service's act phase, never proof that the real
+daemons behave so (that is the testbed's job)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from provisioner.condor import PilotAd, PoolUnreachable, QueueView
+from provisioner.model import Demand
+from provisioner.sites.base import SiteJob
+
+
+@dataclass
+class FakePool:
+    ads: dict[str, PilotAd] = field(default_factory=dict)
+    running_on: frozenset[str] = frozenset()
+    demand: tuple[Demand, ...] = ()
+    fail: bool = False
+    arrivals: tuple[Demand, ...] = ()  # returned when asked for arrivals
+    total: int = 0
+    older: int = 0
+    newest: float | None = None
+
+    def queue(self, arrivals_since: float | None = None) -> QueueView:
+        if self.fail:
+            raise PoolUnreachable("schedd down")
+        arrivals = self.arrivals if arrivals_since is not None else ()
+        return QueueView(self.demand, self.running_on, arrivals, self.total, self.older,
+                         self.newest)
+
+    def pilot_ads(self) -> dict[str, PilotAd]:
+        if self.fail:
+            raise PoolUnreachable("collector down")
+        return dict(self.ads)
+
+    def idle_count(self) -> int:
+        return sum(d.idle for d in self.demand)
+
+
+@dataclass
+class FakeBackend:
+    name: str
+    jobs: list[SiteJob] = field(default_factory=list)
+    calls: list[tuple[str, str]] = field(default_factory=list)
+    next_error: Exception | None = None
+    list_error: Exception | None = None
+    #: job ids the next submissions get (shared between backends: one sequence); when
+    #: empty, ids from the number of calls
+    next_ids: list[str] = field(default_factory=list)
+
+    def _maybe_fail(self) -> None:
+        if self.next_error is not None:
+            err, self.next_error = self.next_error, None
+            raise err
+
+    def submit(self, request: object) -> str:
+        self._maybe_fail()
+        self.calls.append(("submit", ""))
+        return self.next_ids.pop(0) if self.next_ids else str(100 + len(self.calls))
+
+    def list_pilots(self) -> list[SiteJob]:
+        if self.list_error is not None:
+            raise self.list_error
+        return list(self.jobs)
+
+    def release(self, job_id: str) -> None:
+        self._maybe_fail()
+        self.calls.append(("release", job_id))
+
+    def cancel(self, job_id: str, only_pending: bool = False) -> None:
+        self._maybe_fail()
+        self.calls.append(("cancel-pending" if only_pending else "cancel", job_id))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 10_000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+

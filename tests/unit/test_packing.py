@@ -1,0 +1,86 @@
+"""The packing index, directly: one item into groups of identical bins (existing pilots)
+and into new pilots; what is placed always fits, and nothing that fits is left out."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from provisioner.packing import INF, BinGroup, CapacityIndex, Item, NewPilots
+
+
+def group(cpus: int, mem: int, count: int = 1, untils: list[float] | None = None) -> BinGroup:
+    untils = sorted(untils or [INF] * count, reverse=True)
+    return BinGroup(cpus, mem, 0, untils[0], count, [], untils=untils)
+
+
+def test_per_bin_is_the_tightest_resource() -> None:
+    assert Item(2, 1000).per_bin(8, 3000, 0) == 3
+    assert Item(2, 1000).per_bin(8, 9000, 0) == 4
+    assert Item(1, 0, gpus=1).per_bin(8, 0, 2) == 2
+    assert Item(4, 100).per_bin(3, 1000, 0) == 0
+
+
+def test_split_detaches_the_latest_ending_bins() -> None:
+    g = group(4, 4000, 3, untils=[300.0, 100.0, 200.0])
+    assert g.usable(150.0) == 2 and g.usable(50.0) == 3 and g.usable(400.0) == 0
+    head = g.split(2)
+    assert head.untils == [300.0, 200.0] and head.count == 2
+    assert g.untils == [100.0] and g.usable_until == 100.0 and g.count == 1
+
+
+def test_fill_respects_walltime_ends() -> None:
+    registry: list[BinGroup] = []
+    index = CapacityIndex([group(4, 4000, 2, untils=[1000.0, 5000.0])], registry)
+    # a job that needs until t=2000 fits only the bin ending at 5000
+    assert index.fill(Item(1, 1000, runtime_s=1), 10, 2000.0) == 4
+    assert sum(g.jobs * g.count for g in registry if g.members == [] and g.jobs) == 4
+    assert index.fill(Item(1, 1000), 10, 0.0) == 4  # the other bin, for jobs without one
+
+
+def test_a_failed_size_is_remembered_and_smaller_items_still_fit() -> None:
+    index = CapacityIndex([group(2, 2000)], [])
+    assert index.fill(Item(4, 100), 1, 0.0) == 0
+    assert index.fill(Item(8, 100), 1, 0.0) == 0  # larger than a failure: no scan
+    assert index.fill(Item(1, 1000), 5, 0.0) == 2
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    bins=st.lists(st.tuples(st.integers(1, 16), st.integers(0, 8), st.integers(1, 4),
+                            st.sampled_from([100.0, 1000.0, INF])), min_size=0, max_size=8),
+    cpus=st.integers(1, 4), mem_units=st.integers(0, 4), n=st.integers(0, 60),
+    deadline=st.sampled_from([0.0, 500.0, 5000.0]),
+)
+def test_fill_places_exactly_what_fits(bins: list[tuple[int, int, int, float]], cpus: int,
+                                       mem_units: int, n: int, deadline: float) -> None:
+    """For one item, first fit is optimal: it places min(n, what the usable bins hold),
+    and no bin ends up over its free resources."""
+    groups = [group(c, m * 1000, k, untils=[u] * k) for c, m, k, u in bins]
+    item = Item(cpus, mem_units * 1000)
+    capacity = sum(item.per_bin(c, m * 1000, 0) * k for c, m, k, u in bins if u >= deadline)
+    registry: list[BinGroup] = []
+    placed = CapacityIndex(groups, registry).fill(item, n, deadline)
+    assert placed == min(n, capacity)
+    assert sum(g.jobs * g.count for g in registry) == placed
+    assert all(g.free_cpus >= 0 and g.free_mem >= 0 for g in registry)
+
+
+def test_new_pilots_fill_open_ones_first_and_never_exceed_allowed() -> None:
+    new = NewPilots(cpus=8, memory_mb=32000, gpus=0, allowed=2, pack_cpus=4)
+    assert new.fill(Item(1, 1000), 3) == 3 and new.opened == 1  # one 4-core pilot, 1 free
+    assert new.fill(Item(1, 1000), 1) == 1 and new.opened == 1  # into the open pilot
+    assert new.fill(Item(2, 1000), 10) == 2 and new.opened == 2  # one more 4-core, 2 jobs
+    assert new.fill(Item(1, 1000), 10) == 0  # allowed reached, nothing free
+
+
+@settings(max_examples=100, deadline=None)
+@given(allowed=st.integers(0, 5), pack=st.integers(1, 8),
+       items=st.lists(st.tuples(st.integers(1, 8), st.integers(1, 30)), max_size=6))
+def test_new_pilots_hold_what_they_say(allowed: int, pack: int,
+                                       items: list[tuple[int, int]]) -> None:
+    new = NewPilots(cpus=8, memory_mb=64000, gpus=0, allowed=allowed, pack_cpus=pack)
+    placed = sum(new.fill(Item(c, 1000), n) for c, n in sorted(items, reverse=True))
+    assert new.opened <= allowed
+    assert sum(g.jobs * g.count for g in new.registry if g.count) == placed
+    assert all(g.used_cpus <= 8 and g.free_cpus >= 0 for g in new.registry)
