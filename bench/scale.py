@@ -136,7 +136,9 @@ class Counting:
 
 def measure(cycles: int) -> tuple[list[dict[str, float]], list[Counter[str]], float, float]:
     config = load_config(CONFIG)
-    config = config.model_copy(update={"pool": config.pool.model_copy(
+    # Root's copy of the token; a journal in memory (a root-owned journal file
+    # would lock the service's own account out of it).
+    config = config.model_copy(update={"journal": "", "pool": config.pool.model_copy(
         update={"token_file": ROOT_TOKEN})})
     prov = Provisioner(config)
     counting = Counting()

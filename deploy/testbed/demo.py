@@ -101,8 +101,9 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     config = load_config(CONFIG)
     # The service's identity; root reads it from its own copy of the token
-    # (HTCondor reads a token only from a file its reader owns).
-    config = config.model_copy(update={"pool": config.pool.model_copy(
+    # (HTCondor reads a token only from a file its reader owns). Its journal is
+    # kept in memory: a root-owned journal file would lock the service out of it.
+    config = config.model_copy(update={"journal": "", "pool": config.pool.model_copy(
         update={"token_file": ROOT_TOKEN})})
     prov = Provisioner(config)  # from here on, the bindings read as the provisioner
     if any(pilot_jobs().values()) or htcondor.Schedd().query(projection=["ClusterId"]):
