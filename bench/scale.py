@@ -16,7 +16,6 @@ Runs inside the testbed as root: `deploy/testbed/testbed exec -- python /src/ben
 from __future__ import annotations
 
 import argparse
-import os
 import resource
 import statistics
 import subprocess
@@ -69,7 +68,7 @@ def submit_jobs(jobs: int, shapes: int) -> None:
     sh(["chown", "-R", "alice:", str(ALICE)])
     t0 = time.time()
     sh(["runuser", "-u", "alice", "--", "condor_submit", "-terse", str(ALICE / "scale.sub")],
-       cwd=str(ALICE), env={"PATH": "/usr/bin:/bin"})
+       cwd=str(ALICE), env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
     progress(f"{jobs} jobs in {shapes} shapes queued in {time.time() - t0:.0f} s")
 
 
@@ -78,13 +77,23 @@ def slurm(site: str, argv: list[str]) -> str:
               env={"SLURM_CONF": f"/etc/slurm-{site}/slurm.conf", "PATH": "/usr/bin:/bin"})
 
 
+def advertise_as_pilot(command: str, ads: str) -> None:
+    """condor_advertise with the pilots' identity (only it may advertise or
+    invalidate startd ads); the token is copied for the pilot account only."""
+    with tempfile.TemporaryDirectory(prefix="scale-token.", dir="/home/pilot") as token_dir:
+        token = Path(token_dir) / "pilot"
+        token.write_bytes(Path("/etc/provisioner/pilot.token").read_bytes())
+        path = Path(token_dir) / "ads"
+        path.write_text(ads)
+        sh(["chown", "-R", "pilot:", token_dir])
+        token.chmod(0o600)
+        sh(["runuser", "-u", "pilot", "--", "env", f"_CONDOR_SEC_TOKEN_DIRECTORY={token_dir}",
+            "_CONDOR_SEC_CLIENT_AUTHENTICATION_METHODS=IDTOKENS", "condor_advertise",
+            "-multiple", command, str(path)])
+
+
 def fake_pilots(per_site: int, job_name: str) -> list[str]:
     """Held pilot jobs at every site plus a startd ad for each; returns the ad names."""
-    token_dir = tempfile.mkdtemp(prefix="scale-token.", dir="/home/pilot")
-    token = Path(token_dir) / "pilot"
-    token.write_bytes(Path("/etc/provisioner/pilot.token").read_bytes())
-    sh(["chown", "-R", "pilot:", token_dir])
-    token.chmod(0o600)
     names = []
     ads = []
     for site in LOGIN:
@@ -102,12 +111,7 @@ def fake_pilots(per_site: int, job_name: str) -> list[str]:
                        f'PilotWalltimeEnd = {int(time.time()) + 3600}\n'
                        'ScaleBench = true\n')
         progress(f"{per_site} held pilot jobs at {site}")
-    path = Path(token_dir) / "ads"
-    path.write_text("\n".join(ads))
-    sh(["chown", "pilot:", str(path)])
-    sh(["runuser", "-u", "pilot", "--", "env", f"_CONDOR_SEC_TOKEN_DIRECTORY={token_dir}",
-        "_CONDOR_SEC_CLIENT_AUTHENTICATION_METHODS=IDTOKENS", "condor_advertise", "-multiple",
-        "UPDATE_STARTD_AD", str(path)])
+    advertise_as_pilot("UPDATE_STARTD_AD", "\n".join(ads))
     progress(f"{len(names)} pilot startd ads advertised")
     return names
 
@@ -153,6 +157,7 @@ def measure(cycles: int) -> tuple[list[dict[str, float]], list[Counter[str]], fl
             return _o(*a, **kw)
 
         executor.run = run
+        executor.close()  # a master left by an earlier run would make "first" a reused one
     timings, calls = [], []
     tracemalloc.start()
     peak = 0.0
@@ -180,11 +185,8 @@ def cleanup(job_name: str) -> None:
         subprocess.run([ON, LOGIN[site], "-u", "pilot", "--", "scancel", f"--name={job_name}"],
                        env={"SLURM_CONF": f"/etc/slurm-{site}/slurm.conf",
                             "PATH": "/usr/bin:/bin"}, capture_output=True, check=False)
-    inv = Path(tempfile.mkdtemp()) / "inv"
-    inv.write_text('MyType = "Query"\nTargetType = "Machine"\nRequirements = ScaleBench =?= true\n')
-    subprocess.run(["condor_advertise", "INVALIDATE_STARTD_ADS", str(inv)],
-                   env={**os.environ, "_CONDOR_SEC_CLIENT_AUTHENTICATION_METHODS": "FS"},
-                   capture_output=True, check=False)
+    advertise_as_pilot("INVALIDATE_STARTD_ADS", 'MyType = "Query"\nTargetType = "Machine"\n'
+                       "Requirements = ScaleBench =?= true\n")
 
 
 def main() -> int:
