@@ -64,7 +64,9 @@ def assert_converged(svc: Service, watch: SiteWatch) -> None:
     """Queue empty, then no pilot left anywhere; caps never exceeded."""
     wait_for("no pilot left in SLURM", lambda: not any(pilot_ids(s) for s in SITES), 240,
              step=2)
-    wait_for("no pilot left in the collector", lambda: not pilot_ads(), 120, step=2)
+    # A pilot that SLURM killed without warning (a lost node once back) leaves its
+    # ad behind: it goes after the collector's ad lifetime plus up to one sweep.
+    wait_for("no pilot left in the collector", lambda: not pilot_ads(), 300, step=2)
     for site in SITES:
         assert watch.most[site] <= CAPS[site], (site, watch.most, svc.text())
 
@@ -350,3 +352,35 @@ def test_second_service_for_the_same_id_refuses_to_start(service: Service) -> No
     wait_for("the restarted service cycling", lambda: len(
         [c for c in service.cycles() if "cycle 1 " in c]) >= 2, 60)
 
+
+def _node_usable(site: str, node: str) -> bool:
+    out = slurm(site, ["sinfo", "-h", "-n", node, "-o", "%t"], check=False).stdout.strip()
+    return out in ("idle", "mix", "alloc")
+
+
+def test_worker_link_cut_while_a_job_runs_there(service: Service) -> None:
+    cluster = submit("linkcut", 2, 60)
+    with SiteWatch() as watch:
+        service.start()
+        startd = wait_for("a job running", lambda: _running_on(cluster), 120)[0]  # type: ignore[index]
+        name, host = startd.split("@")
+        site = "gsi" if host.startswith("gsi") else "frankfurt"
+        key = "/".join(name.removeprefix("pilot-").rsplit("-", 1))
+        _link(host, up=False)
+        try:
+            # SLURM declares the node dead and drops the pilot; the collector still
+            # has its ad: the service reports the disagreement, and the job, back to
+            # idle after its lease, is provisioned for again elsewhere.
+            wait_for("the lost pilot reported",
+                     lambda: f"pilot {key} left SLURM while running jobs" in service.text(),
+                     240, step=2)
+            wait_for("all jobs done", lambda: jobs_left(cluster) == 0, 360, step=2)
+        finally:
+            _link(host, up=True)
+        try:  # the node's SLURM name is its host name
+            wait_for(f"{host} back in SLURM", lambda: _node_usable(site, host), 120, step=2)
+        except AssertionError:
+            slurm(site, ["scontrol", "update", f"nodename={host}", "state=resume"], check=False)
+            wait_for(f"{host} resumed", lambda: _node_usable(site, host), 60, step=2)
+        assert_converged(service, watch)
+    assert_completed("linkcut", 2, may_requeue=True)

@@ -22,6 +22,11 @@ while read -r host addr site _; do
     ip -n "$host" addr add "$addr/${prefix#*/}" dev eth0
     ip -n "$host" link set eth0 up
     ip -n "$host" route add default via "$gateway"
+    # A peer cut off by the network sends nothing, not even a reset: only TCP
+    # keepalive finds out. HTCondor sets the idle time before the first probe
+    # (TCP_KEEPALIVE_INTERVAL) but leaves the probes to the kernel (9 every
+    # 75 s = 11 min); here a dead connection is given up after 5 x 5 s.
+    ip netns exec "$host" sysctl -qw net.ipv4.tcp_keepalive_intvl=5 net.ipv4.tcp_keepalive_probes=5
 done < <(rows "$etc/hosts.tsv")
 
 /bin/bash /src/deploy/testbed/inside/firewall.sh
