@@ -275,7 +275,12 @@ class SiteBase(_Model):
     max_walltime_s: int = Field(gt=0)
     template: str = Field(pattern=r"^[A-Za-z0-9_.-]+\.j2$")
     image: str = Field(pattern=_PATH)
+    #: The site's XRootD caching proxy: jobs on its pilots read every root:// URL
+    #: through it (the XRootD client proxy plugin) and find it in $XCACHE.
     xcache: str | None = Field(default=None, pattern=r"^root://[A-Za-z0-9_.:-]+$")
+    #: Domains (or host names) jobs reach directly, not through the cache: the
+    #: site's own storage, say. The cache itself and localhost always are.
+    xcache_exclude: list[Annotated[str, Field(pattern=_HOST)]] = Field(default_factory=list)
     runtime: PilotRuntimeConfig = PilotRuntimeConfig()
     weight: float = Field(default=1.0, ge=0)
     pilot: PilotShapeConfig

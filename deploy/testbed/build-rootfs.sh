@@ -86,9 +86,11 @@ log "installing packages (about 90 s)"
 apt_in "$target" "$target.apt.log" "apt-get install -y -q $(packages "$TB_DIR/packages.txt") \
     && apt-get install -y -q -t sid $(packages "$TB_DIR/sid-packages.txt") && apt-get clean"
 
+# System site packages: Debian's XRootD bindings (python3-xrootd) are importable
+# from the venv (PyPI has only a source build of them).
 log "creating the Python venv /opt/venv"
 cp "$TB_DIR/requirements.txt" "$target/tmp/requirements.txt"
-in_target sh -c 'python3 -m venv /opt/venv && /opt/venv/bin/pip install -q --disable-pip-version-check -r /tmp/requirements.txt' \
+in_target sh -c 'python3 -m venv --system-site-packages /opt/venv && /opt/venv/bin/pip install -q --disable-pip-version-check -r /tmp/requirements.txt' \
     || die "pip install in the rootfs failed (PyPI through the host's CA bundle)"
 
 # The pilot image's base: a minimal trixie with HTCondor. Built here, as root
@@ -98,8 +100,10 @@ log "building the pilot image base /opt/testbed/pilot-base"
 base="$target/opt/testbed/pilot-base"
 mkdir -p "$(dirname "$base")"
 bootstrap "$base"
-# Jobs read data through XCache (xrdcp) and check it (coreutils).
-apt_in "$base" "$target.pilot-base.log" "apt-get install -y -q condor procps xrootd-client && apt-get clean"
+# Jobs read data through XCache (xrdcp, the Python client, the client proxy
+# plugin that makes the cache transparent) and check it (coreutils).
+apt_in "$base" "$target.pilot-base.log" "apt-get install -y -q condor procps xrootd-client \
+    xrootd-client-plugins python3-xrootd && apt-get clean"
 rm -f "$base/usr/sbin/policy-rc.d"
 
 # Accounts: alice submits jobs; pilot is the site account pilot jobs run as.

@@ -89,4 +89,5 @@ def render_pilot_script(config: Config, site: SiteConfig, walltime_s: int) -> st
         scratch=rt.scratch,
         log_dir=rt.log_dir,
         xcache=site.xcache or "",
+        xcache_exclude=",".join(site.xcache_exclude),
     )

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from provisioner.xcache import proxy_environment
+
 log = logging.getLogger("provisioner.pilot")
 
 
@@ -56,6 +58,7 @@ class PilotParams:
     scratch: Path
     log_dir: Path | None
     xcache: str | None
+    xcache_exclude: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -110,6 +113,7 @@ def params_from_env(env: dict[str, str], now: float) -> PilotParams:
         scratch=Path(env.get("PILOT_SCRATCH") or env.get("TMPDIR") or "/tmp"),
         log_dir=Path(log_dir) if log_dir else None,
         xcache=env.get("PILOT_XCACHE") or None,
+        xcache_exclude=tuple(d for d in env.get("PILOT_XCACHE_EXCLUDE", "").split(",") if d),
     )
 
 
@@ -151,9 +155,15 @@ def local_config(p: PilotParams, workdir: Path) -> str:
         "PilotWalltimeEnd": str(p.walltime_end),
     }
     if p.xcache:
+        # Every job reads root:// URLs through the site's cache (the XRootD client
+        # proxy plugin), and so does HTCondor's own transfer of root:// input files.
         lines["PilotXCache"] = _classad_string(p.xcache)
         lines["STARTD_ATTRS"] = "$(STARTD_ATTRS) PilotXCache"
-        lines["STARTER_JOB_ENVIRONMENT"] = _classad_string(f"XCACHE={p.xcache}")
+        env = proxy_environment(p.xcache, p.xcache_exclude)
+        lines["STARTER_JOB_ENVIRONMENT"] = _classad_string(
+            " ".join(f"{k}={v}" for k, v in env.items()))
+    # root:// input files: xrdcp, through the cache where the site has one.
+    lines["FILETRANSFER_PLUGINS"] = f"$(FILETRANSFER_PLUGINS) {workdir / TRANSFER_PLUGIN}"
     return "".join(f"{k} = {v}\n" for k, v in lines.items())
 
 
@@ -169,6 +179,11 @@ PRIVATE_DIRS = ("tokens.d", "passwords.d", "fsauth")
 #: if the namespace cannot be made, the job does not run.
 JOB_WRAPPER = """#!/bin/sh
 set -e
+# A job that asked for it (+WantXCache = false) reads root:// URLs directly.
+if [ -n "${{_CONDOR_JOB_AD:-}}" ] && grep -qix 'WantXCache = false' "$_CONDOR_JOB_AD" 2>/dev/null
+then
+    unset XRD_PLUGIN XROOT_PROXY XROOT_PROXY_EXCL_DOMAINS
+fi
 exec unshare --user --map-root-user --mount -- /bin/sh -c '
 set -e
 uid=$1; gid=$2; shift 2
@@ -177,6 +192,31 @@ shift
 exec unshare --user --map-user="$uid" --map-group="$gid" -- "$@"
 ' job-wrapper "$(id -u)" "$(id -g)" {hide} -- "$@"
 """
+
+
+#: HTCondor file transfer plugin for root:// URLs (single-file protocol: `-classad`,
+#: or SOURCE DEST). The cache comes from the environment the pilot gives its
+#: daemons; a job with `+WantXCache = false` reads from the origin.
+TRANSFER_PLUGIN = "xrootd-transfer"
+TRANSFER_PLUGIN_SCRIPT = """#!/bin/sh
+set -eu
+if [ "${1:-}" = -classad ]; then
+    printf '%s\\n' 'PluginVersion = "0.1"' 'PluginType = "FileTransfer"' 'SupportedMethods = "root"'
+    exit 0
+fi
+[ $# -eq 2 ] || { echo "usage: $0 -classad | SOURCE DEST" >&2; exit 1; }
+if [ -n "${_CONDOR_JOB_AD:-}" ] && grep -qix 'WantXCache = false' "$_CONDOR_JOB_AD" 2>/dev/null
+then
+    unset XRD_PLUGIN XROOT_PROXY XROOT_PROXY_EXCL_DOMAINS
+fi
+exec xrdcp --nopbar --force "$1" "$2"
+"""
+
+
+def container_env(p: PilotParams) -> dict[str, str]:
+    """Environment of the pilot's daemons in the container (besides CONDOR_CONFIG):
+    the cache's proxy settings, which the root:// transfer plugin inherits."""
+    return proxy_environment(p.xcache, p.xcache_exclude) if p.xcache else {}
 
 
 def prepare(p: PilotParams) -> tuple[Path, Path]:
@@ -195,6 +235,9 @@ def prepare(p: PilotParams) -> tuple[Path, Path]:
     wrapper.write_text(JOB_WRAPPER.format(
         hide=" ".join(shlex.quote(str(workdir / d)) for d in PRIVATE_DIRS)))
     wrapper.chmod(0o755)
+    plugin = workdir / TRANSFER_PLUGIN
+    plugin.write_text(TRANSFER_PLUGIN_SCRIPT)
+    plugin.chmod(0o755)
     token = workdir / "tokens.d" / "pilot"
     fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as f:
@@ -236,8 +279,11 @@ class Pilot:
         # token) is not visible to payloads; nor is the directory the pilot was
         # started in (Apptainer mounts the working directory by default, and a
         # job submitted over SSH starts in that home).
-        return ["--cleanenv", "--no-home", "--no-mount", "cwd", "--pwd", str(self.workdir),
-                "--env", f"CONDOR_CONFIG={self.config}", "--env", "LANG=C.UTF-8"]
+        options = ["--cleanenv", "--no-home", "--no-mount", "cwd", "--pwd", str(self.workdir),
+                   "--env", f"CONDOR_CONFIG={self.config}", "--env", "LANG=C.UTF-8"]
+        for key, value in container_env(self.p).items():
+            options += ["--env", f"{key}={value}"]
+        return options
 
     def on_release(self, signum: int, _frame: Any) -> None:
         """The provisioner asks us to leave if idle: drain with an atomic idle check.

@@ -4,7 +4,7 @@
 # Every check runs on the host a user of that component would run it from.
 # shellcheck shell=bash
 export PATH=/opt/venv/bin:/usr/sbin:/usr/bin:/sbin:/bin
-COMPONENTS="network munge slurm-gsi slurm-frankfurt ssh-gsi ssh-frankfurt condor-collector condor-negotiator condor-schedd tokens xrootd-origin xrootd-cache apptainer"
+COMPONENTS="network munge slurm-gsi slurm-frankfurt ssh-gsi ssh-frankfurt condor-collector condor-negotiator condor-schedd tokens xrootd-origin xrootd-cache prometheus apptainer"
 ON=/src/deploy/testbed/inside/on
 on() { "$ON" "$@"; }
 
@@ -50,6 +50,12 @@ check_xrootd() {  # from-host url
 }
 check_xrootd-origin() { check_xrootd gsi-n1 root://gsi-storage:1094; }
 check_xrootd-cache() { check_xrootd fra-n1 root://fra-cache:1094; }
+
+check_prometheus() {  # its HTTP API answers on cm
+    on cm -- python3 -c 'import sys, urllib.request
+sys.exit(0 if urllib.request.urlopen("http://127.0.0.1:9090/-/ready", timeout=5).status == 200 else 1)' \
+        >/dev/null 2>&1 || { tail -n 2 /var/log/testbed/prometheus.log 2>/dev/null; return 1; }
+}
 
 check_apptainer() {
     [ -e /var/log/testbed/post-start.failed ] && { echo "post-start failed: see init.log"; return 2; }

@@ -83,3 +83,8 @@ for spec in ${TESTBED_DATA_SIZES:-small.dat=1M medium.dat=64M}; do
 done
 sha256sum -- *.dat >SHA256SUMS
 chown -R xrootd:xrootd /srv/origin/data
+
+# Prometheus (on cm) scrapes the provisioner's metrics endpoint.
+install -d /etc/prometheus
+install -m 0644 "$etc/prometheus.yml" /etc/prometheus/testbed.yml
+install -d -o prometheus -g prometheus /var/lib/prometheus/testbed

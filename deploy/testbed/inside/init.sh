@@ -15,6 +15,7 @@ stop_all() {
     pkill -TERM -x slurmd
     pkill -TERM -x slurmctld
     pkill -TERM -x sshd
+    pkill -TERM -x prometheus
     for _ in $(seq 100); do
         pgrep -x 'condor_master|slurmd|slurmctld|xrootd' >/dev/null || break
         sleep 0.1
@@ -56,6 +57,11 @@ on cm -- condor_master
 echo "starting XRootD: origin on gsi-storage, cache on fra-cache"
 on gsi-storage -u xrootd -- xrootd -b -n origin -c /etc/xrootd/origin.cfg -l /var/log/xrootd/origin.log
 on fra-cache -u xrootd -- xrootd -b -n cache -c /etc/xrootd/cache.cfg -l /var/log/xrootd/cache.log
+
+echo "starting Prometheus on cm (http://127.0.0.1:9090 there)"
+on cm -u prometheus -- prometheus --config.file=/etc/prometheus/testbed.yml \
+    --storage.tsdb.path=/var/lib/prometheus/testbed --web.listen-address=127.0.0.1:9090 \
+    >/var/log/testbed/prometheus.log 2>&1 &
 
 echo "all started"
 # Post-start set-up that needs running daemons (tokens, pilot image).

@@ -1,0 +1,211 @@
+"""`provisioner bench read`: the generic reader of the cache studies.
+
+Reads a file over XRootD in blocks (default 8 MiB) with a stride: block k starts
+at k x (block size + stride), so stride 0 is a sequential read, and no block is
+read twice. Stops at the end of the file, after `duration_s` or `max_bytes`.
+Records per wall-clock second how many blocks and bytes arrived. Then checks
+what it read: the whole file against a SHA-256 if one is given, and a sample of
+the blocks against a reference copy (by default the origin URL inside a cache
+URL, root://cache//root://origin//path): a cache that serves wrong bytes fails.
+
+The schedule, the per-second records and the comparison are pure; `read_url`
+does the I/O through a small `Opener` (the XRootD Python bindings in service).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+MIB = 1 << 20
+_SIZE = re.compile(r"^([0-9]+)([KMGT]?)(i?B)?$", re.IGNORECASE)
+_FACTORS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+class ReadError(Exception):
+    """A read that failed or returned wrong bytes; the message names URL and offset."""
+
+
+def parse_size(text: str) -> int:
+    """ "8M", "8MiB", "512k", "1048576" -> bytes (powers of 1024)."""
+    m = _SIZE.match(text.strip())
+    if not m:
+        raise ValueError(f"not a size: {text!r} (examples: 8M, 512K, 1G, 1048576)")
+    return int(m.group(1)) * _FACTORS[m.group(2).upper()]
+
+
+def offsets(size: int, block: int, stride: int = 0) -> Iterator[int]:
+    """Start of each block: k x (block + stride) for k = 0, 1, ... while inside the file."""
+    if block <= 0 or stride < 0:
+        raise ValueError(f"block size must be > 0 and stride >= 0 (got {block}, {stride})")
+    step = block + stride
+    offset = 0
+    while offset < size:
+        yield offset
+        offset += step
+
+
+def origin_of(url: str) -> str | None:
+    """The origin URL inside a cache URL (root://cache//root://origin//path), else None."""
+    if not url.startswith("root://"):
+        return None
+    rest = url[len("root://"):]
+    _, sep, path = rest.partition("//")
+    inner = path if sep else ""
+    return inner if inner.startswith("root://") else None
+
+
+@dataclass
+class PerSecond:
+    """Blocks and bytes per wall-clock second (integer Unix seconds)."""
+
+    blocks: dict[int, int] = field(default_factory=dict)
+    nbytes: dict[int, int] = field(default_factory=dict)
+
+    def add(self, at: float, nbytes: int) -> None:
+        second = int(at)
+        self.blocks[second] = self.blocks.get(second, 0) + 1
+        self.nbytes[second] = self.nbytes.get(second, 0) + nbytes
+
+    def rows(self) -> list[tuple[int, int, int]]:
+        """(second, blocks, bytes), every second from the first to the last (0 if idle)."""
+        if not self.blocks:
+            return []
+        first, last = min(self.blocks), max(self.blocks)
+        return [(s, self.blocks.get(s, 0), self.nbytes.get(s, 0)) for s in range(first, last + 1)]
+
+
+class RemoteFile(Protocol):
+    size: int
+
+    def read(self, offset: int, length: int) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+Opener = Callable[[str], RemoteFile]
+
+
+@dataclass
+class ReadResult:
+    url: str
+    size: int
+    blocks: int
+    nbytes: int
+    started: float
+    ended: float
+    per_second: PerSecond
+    whole_file: bool
+    verified: list[str] = field(default_factory=list)
+
+    @property
+    def rate_mib_s(self) -> float:
+        return self.nbytes / MIB / max(self.ended - self.started, 1e-9)
+
+
+def read_url(url: str, open_file: Opener, block: int = 8 * MIB, stride: int = 0,
+             duration_s: float | None = None, max_bytes: int | None = None,
+             sha256: str | None = None, reference: str | None = None, samples: int = 4,
+             clock: Callable[[], float] = time.time) -> ReadResult:
+    """Read `url` as described above; raises ReadError on a failed read or wrong bytes."""
+    f = open_file(url)
+    digest = hashlib.sha256()
+    read_at: list[int] = []
+    records = PerSecond()
+    started = clock()
+    total = 0
+    try:
+        for offset in offsets(f.size, block, stride):
+            if duration_s is not None and clock() - started >= duration_s:
+                break
+            length = min(block, f.size - offset)
+            if max_bytes is not None:
+                length = min(length, max_bytes - total)
+                if length <= 0:
+                    break
+            data = f.read(offset, length)
+            if len(data) != length:
+                raise ReadError(f"{url}: short read at offset {offset}: {len(data)} of "
+                                f"{length} bytes")
+            records.add(clock(), len(data))
+            digest.update(data)
+            read_at.append(offset)
+            total += len(data)
+    finally:
+        f.close()
+    result = ReadResult(url, f.size, len(read_at), total, started, clock(), records,
+                        whole_file=stride == 0 and total == f.size)
+    if sha256:
+        if not result.whole_file:
+            raise ReadError(f"{url}: --sha256 needs a whole-file read (stride 0, no limit); "
+                            f"read {total} of {f.size} bytes")
+        if digest.hexdigest() != sha256.lower():
+            raise ReadError(f"{url}: wrong bytes: SHA-256 {digest.hexdigest()}, "
+                            f"expected {sha256.lower()}")
+        result.verified.append("sha256")
+    if reference and read_at:
+        compare_sample(url, reference, open_file, read_at, block, samples, f.size)
+        result.verified.append(f"{min(samples, len(read_at))} blocks vs {reference}")
+    return result
+
+
+def compare_sample(url: str, reference: str, open_file: Opener, read_at: Sequence[int],
+                   block: int, samples: int, size: int, seed: int = 0) -> None:
+    """Re-read a sample of the blocks from `url` and `reference`; raise on a difference.
+
+    The first and the last block are always in the sample (a cache that truncates or
+    pads shows there), the rest drawn at random."""
+    chosen = {read_at[0], read_at[-1]}
+    rest = [o for o in read_at if o not in chosen]
+    chosen.update(random.Random(seed).sample(rest, min(len(rest), max(samples - 2, 0))))
+    a, b = open_file(url), open_file(reference)
+    try:
+        if a.size != b.size:
+            raise ReadError(f"{url}: size {a.size} differs from the reference {reference} "
+                            f"({b.size})")
+        for offset in sorted(chosen):
+            length = min(block, size - offset)
+            got, want = a.read(offset, length), b.read(offset, length)
+            if got != want:
+                raise ReadError(f"{url}: wrong bytes in the block at offset {offset} "
+                                f"(differs from {reference})")
+    finally:
+        a.close()
+        b.close()
+
+
+class XRootDFile:
+    """A file opened with the XRootD Python bindings (python3-xrootd)."""
+
+    def __init__(self, url: str) -> None:
+        try:
+            from XRootD import client
+            from XRootD.client.flags import OpenFlags
+        except ImportError as exc:
+            raise ReadError("the XRootD Python bindings are not installed "
+                            "(Debian: python3-xrootd; PyPI: xrootd)") from exc
+        self.url = url
+        self._f = client.File()
+        status, _ = self._f.open(url, OpenFlags.READ)
+        if not status.ok:
+            raise ReadError(f"{url}: cannot open: {status.message.strip()}")
+        status, info = self._f.stat()
+        if not status.ok:
+            raise ReadError(f"{url}: cannot stat: {status.message.strip()}")
+        self.size = int(info.size)
+
+    def read(self, offset: int, length: int) -> bytes:
+        status, data = self._f.read(offset, length)
+        if not status.ok:
+            raise ReadError(f"{self.url}: read at offset {offset} failed: "
+                            f"{status.message.strip()}")
+        return bytes(data)
+
+    def close(self) -> None:
+        self._f.close()
+

@@ -1,0 +1,144 @@
+"""The read benchmark's schedule, per-second records and byte checks (in-memory files)."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from provisioner.benchread import (
+    PerSecond,
+    ReadError,
+    offsets,
+    origin_of,
+    parse_size,
+    read_url,
+)
+
+
+@dataclass
+class MemFile:
+    data: bytes
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+    def read(self, offset: int, length: int) -> bytes:
+        return self.data[offset:offset + length]
+
+    def close(self) -> None:
+        pass
+
+
+class Store:
+    """URL -> bytes; opening an unknown URL fails like a missing file."""
+
+    def __init__(self, files: dict[str, bytes]) -> None:
+        self.files = files
+
+    def __call__(self, url: str) -> MemFile:
+        if url not in self.files:
+            raise ReadError(f"{url}: cannot open: no such file")
+        return MemFile(self.files[url])
+
+
+class Clock:
+    def __init__(self, step: float = 0.25) -> None:
+        self.t, self.step = 1000.0, step
+
+    def __call__(self) -> float:
+        self.t += self.step
+        return self.t
+
+
+@given(st.integers(0, 10_000), st.integers(1, 700), st.integers(0, 700))
+def test_blocks_never_overlap_and_follow_the_stride(size: int, block: int, stride: int) -> None:
+    starts = list(offsets(size, block, stride))
+    assert all(b - a == block + stride for a, b in itertools.pairwise(starts))
+    assert all(0 <= o < size for o in starts)
+    assert (not starts) == (size == 0)
+    if starts:
+        assert starts[-1] + block + stride >= size
+
+
+def test_bad_block_size() -> None:
+    with pytest.raises(ValueError, match="block size"):
+        list(offsets(10, 0))
+
+
+@pytest.mark.parametrize(("text", "value"), [("8M", 8 << 20), ("8MiB", 8 << 20),
+                                             ("512k", 512 << 10), ("1048576", 1 << 20)])
+def test_parse_size(text: str, value: int) -> None:
+    assert parse_size(text) == value
+
+
+def test_parse_size_names_the_value() -> None:
+    with pytest.raises(ValueError, match="'eight'"):
+        parse_size("eight")
+
+
+def test_origin_inside_a_cache_url() -> None:
+    assert origin_of("root://cache:1094//root://origin:1094//data/f") == \
+        "root://origin:1094//data/f"
+    assert origin_of("root://origin:1094//data/f") is None
+
+
+def test_per_second_rows_fill_idle_seconds() -> None:
+    rec = PerSecond()
+    rec.add(10.2, 5)
+    rec.add(10.9, 5)
+    rec.add(12.1, 7)
+    assert rec.rows() == [(10, 2, 10), (11, 0, 0), (12, 1, 7)]
+
+
+DATA = bytes(range(256)) * 40  # 10240 bytes
+URL = "root://cache//root://origin//data/f"
+ORIGIN = "root://origin//data/f"
+
+
+def test_whole_file_read_is_checked_by_sha256_and_sample() -> None:
+    store = Store({URL: DATA, ORIGIN: DATA})
+    r = read_url(URL, store, block=1000, sha256=hashlib.sha256(DATA).hexdigest(),
+                 reference=ORIGIN, clock=Clock())
+    assert (r.nbytes, r.blocks, r.whole_file) == (len(DATA), 11, True)
+    assert sum(b for _, _, b in r.per_second.rows()) == len(DATA)
+    assert r.verified[0] == "sha256"
+
+
+def test_wrong_bytes_from_the_cache_fail_loudly() -> None:
+    bad = bytearray(DATA)
+    bad[-1] ^= 0xFF  # the last block: always in the sample
+    store = Store({URL: bytes(bad), ORIGIN: DATA})
+    with pytest.raises(ReadError, match=r"wrong bytes in the block at offset 10000"):
+        read_url(URL, store, block=1000, reference=ORIGIN, clock=Clock())
+    with pytest.raises(ReadError, match="SHA-256"):
+        read_url(URL, store, block=1000, sha256=hashlib.sha256(DATA).hexdigest(),
+                 clock=Clock())
+
+
+def test_truncated_copy_fails() -> None:
+    store = Store({URL: DATA[:5000], ORIGIN: DATA})
+    with pytest.raises(ReadError, match="size 5000 differs"):
+        read_url(URL, store, block=1000, reference=ORIGIN, clock=Clock())
+
+
+def test_limits_and_stride() -> None:
+    store = Store({URL: DATA})
+    r = read_url(URL, store, block=1000, stride=1000, clock=Clock())
+    assert r.blocks == 6 and r.nbytes == 5240 and not r.whole_file
+    r = read_url(URL, store, block=1000, max_bytes=2500, clock=Clock())
+    assert r.nbytes == 2500
+    r = read_url(URL, store, block=1000, duration_s=1.0, clock=Clock(step=0.25))
+    assert 0 < r.blocks < 11
+    with pytest.raises(ReadError, match="whole-file read"):
+        read_url(URL, store, block=1000, max_bytes=10, sha256="00", clock=Clock())
+
+
+def test_unreachable_reference_is_an_error() -> None:
+    with pytest.raises(ReadError, match="no such file"):
+        read_url(URL, Store({URL: DATA}), block=1000, reference=ORIGIN, clock=Clock())
