@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """`provisioner bench read`: the generic reader of the cache studies.
 
 Reads a file over XRootD in blocks (default 8 MiB) with a stride: block k starts
@@ -10,13 +11,18 @@ URL, root://cache//root://origin//path): a cache that serves wrong bytes fails.
 
 The schedule, the per-second records and the comparison are pure; `read_url`
 does the I/O through a small `Opener` (the XRootD Python bindings in service).
+The module needs nothing but the standard library and those bindings, so a
+benchmark job can ship it as its executable: `python3 benchread.py URL...`.
 """
 
 from __future__ import annotations
 
+import argparse
+import csv
 import hashlib
 import random
 import re
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -209,3 +215,54 @@ class XRootDFile:
     def close(self) -> None:
         self._f.close()
 
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`provisioner bench read` / `python3 benchread.py`: exit 1 on a failed read or
+    wrong bytes, naming the URL and the offset; 2 on bad arguments."""
+    parser = argparse.ArgumentParser(prog="provisioner bench read", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("urls", nargs="+", metavar="URL")
+    parser.add_argument("--block-size", default="8M", help="default 8M")
+    parser.add_argument("--stride", default="0", help="gap between blocks (0: sequential)")
+    parser.add_argument("--duration", type=float, default=None, help="stop after S seconds")
+    parser.add_argument("--max-bytes", default=None, help="stop after this many bytes")
+    parser.add_argument("--sha256", default=None, help="expected SHA-256 of the whole file")
+    parser.add_argument("--reference", default="auto",
+                        help="URL to compare a sample of blocks with; 'auto' (default): the "
+                             "origin inside a cache URL; 'none': no comparison")
+    parser.add_argument("--samples", type=int, default=4, help="blocks compared (default 4)")
+    parser.add_argument("--csv", default=None,
+                        help="per-second records: url,second,blocks,bytes")
+    args = parser.parse_args(argv)
+    try:
+        block, stride = parse_size(args.block_size), parse_size(args.stride)
+        max_bytes = parse_size(args.max_bytes) if args.max_bytes else None
+    except ValueError as exc:
+        parser.error(str(exc))
+    rows: list[list[object]] = []
+    try:
+        for url in args.urls:
+            reference = (origin_of(url) if args.reference == "auto" else
+                         None if args.reference == "none" else args.reference)
+            r = read_url(url, XRootDFile, block, stride, args.duration, max_bytes,
+                         args.sha256, reference, args.samples)
+            rows.extend([url, *row] for row in r.per_second.rows())
+            checked = "checked: " + ", ".join(r.verified) if r.verified else "not checked"
+            print(f"{url}: {r.nbytes} bytes in {r.blocks} blocks, "
+                  f"{r.ended - r.started:.2f} s, {r.rate_mib_s:.1f} MiB/s; {checked}",
+                  flush=True)
+    except ReadError as exc:
+        print(f"bench read: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if args.csv:
+            with open(args.csv, "w", newline="") as f:
+                writer = csv.writer(f)
+                writer.writerow(["url", "second", "blocks", "bytes"])
+                writer.writerows(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

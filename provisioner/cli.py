@@ -138,43 +138,6 @@ def cmd_xcache_url(config: Config, site: str, urls: list[str]) -> int:
     return 0
 
 
-def cmd_bench_read(args: argparse.Namespace) -> int:
-    """Read each URL (see provisioner.benchread); per-second records to --csv."""
-    import csv
-
-    from provisioner.benchread import ReadError, XRootDFile, origin_of, parse_size, read_url
-
-    try:
-        block = parse_size(args.block_size)
-        stride = parse_size(args.stride)
-        max_bytes = parse_size(args.max_bytes) if args.max_bytes else None
-    except ValueError as exc:
-        _fail([str(exc)])
-    writer = None
-    out = open(args.csv, "w", newline="") if args.csv else None  # noqa: SIM115
-    try:
-        if out:
-            writer = csv.writer(out)
-            writer.writerow(["url", "second", "blocks", "bytes"])
-        for url in args.urls:
-            reference = (origin_of(url) if args.reference == "auto" else
-                         None if args.reference == "none" else args.reference)
-            try:
-                r = read_url(url, XRootDFile, block, stride, args.duration, max_bytes,
-                             args.sha256, reference, args.samples)
-            except ReadError as exc:
-                _fail([f"bench read: {exc}"], code=1)
-            if writer:
-                writer.writerows([url, *row] for row in r.per_second.rows())
-            checked = "; checked: " + ", ".join(r.verified) if r.verified else "; not checked"
-            print(f"{url}: {r.nbytes} bytes in {r.blocks} blocks, {r.ended - r.started:.2f} s, "
-                  f"{r.rate_mib_s:.1f} MiB/s{checked}", flush=True)
-    finally:
-        if out:
-            out.close()
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="provisioner",
                                      description="HTCondor pilots on SLURM sites, on demand.")
@@ -193,28 +156,20 @@ def main(argv: list[str] | None = None) -> int:
                           "(idempotent; other URLs unchanged)")
     xurl.add_argument("urls", nargs="+", metavar="URL")
     xurl.add_argument("--site", required=True, help="the site whose cache to use")
-    bench = sub.add_parser("bench", help="benchmarks (no configuration needed)")
-    bench_sub = bench.add_subparsers(dest="bench", required=True)
-    read = bench_sub.add_parser("read", help="read files over XRootD block by block, "
-                                "record bytes per second, check the bytes")
-    read.add_argument("urls", nargs="+", metavar="URL")
-    read.add_argument("--block-size", default="8M", help="default 8M")
-    read.add_argument("--stride", default="0", help="gap between blocks (0: sequential)")
-    read.add_argument("--duration", type=float, default=None, help="stop after S seconds")
-    read.add_argument("--max-bytes", default=None, help="stop after this many bytes")
-    read.add_argument("--sha256", default=None, help="expected SHA-256 of the whole file")
-    read.add_argument("--reference", default="auto",
-                      help="URL to compare a sample of blocks with; 'auto' (default): the "
-                           "origin inside a cache URL; 'none': no comparison")
-    read.add_argument("--samples", type=int, default=4, help="blocks compared (default 4)")
-    read.add_argument("--csv", default=None, help="per-second records: url,second,blocks,bytes")
+    bench = sub.add_parser("bench", help="benchmarks; `bench read --help` (no configuration "
+                           "needed)", add_help=False)
+    bench.add_argument("args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # A cycle longer than the quick check (a site timing out) skips checks: expected.
     logging.getLogger("apscheduler").setLevel(logging.ERROR)
     if args.command == "bench":
-        return cmd_bench_read(args)
+        from provisioner import benchread
+
+        if not args.args or args.args[0] != "read":
+            _fail(["bench: the only benchmark is `read` (provisioner bench read --help)"])
+        return benchread.main(args.args[1:])
     config = _load(args.config)
     if args.command == "xcache-url":
         return cmd_xcache_url(config, args.site, args.urls)
