@@ -228,6 +228,11 @@ class PilotRuntimeConfig(_Model):
     token_file: str = Field(default="/etc/provisioner/pilot.token", pattern=_PATH)
     scratch: str = Field(default="", pattern=r"^(|/[A-Za-z0-9_./+@%=,-]*)$")  # "" = $TMPDIR
     log_dir: str = Field(default="", pattern=r"^(|/[A-Za-z0-9_./+@%=,-]*)$")  # "" = no copy
+    #: Directories of the node that jobs see inside the pilot's container at the same
+    #: path: the site's shared file system (where a cache with direct access keeps
+    #: its files), software areas. Read-only.
+    bind: list[Annotated[str, Field(pattern=r"^/[A-Za-z0-9_./+@%=-]*$")]] = Field(
+        default_factory=list)
     start_delay_max_s: int = Field(default=30, ge=0)
     noclaim_shutdown_s: int = Field(default=1200, gt=0)
 

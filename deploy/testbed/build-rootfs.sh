@@ -101,9 +101,10 @@ base="$target/opt/testbed/pilot-base"
 mkdir -p "$(dirname "$base")"
 bootstrap "$base"
 # Jobs read data through XCache (xrdcp, the Python client, the client proxy
-# plugin that makes the cache transparent) and check it (coreutils).
+# plugin that makes the cache transparent) and check it (coreutils); fio for
+# the file system campaigns.
 apt_in "$base" "$target.pilot-base.log" "apt-get install -y -q condor procps xrootd-client \
-    xrootd-client-plugins python3-xrootd && apt-get clean"
+    xrootd-client-plugins python3-xrootd fio && apt-get clean"
 rm -f "$base/usr/sbin/policy-rc.d"
 
 # Accounts: alice submits jobs; pilot is the site account pilot jobs run as.

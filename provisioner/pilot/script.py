@@ -88,6 +88,7 @@ def render_pilot_script(config: Config, site: SiteConfig, walltime_s: int) -> st
         start_delay_max_s=rt.start_delay_max_s,
         scratch=rt.scratch,
         log_dir=rt.log_dir,
+        bind=",".join(rt.bind),
         xcache=site.xcache or "",
         xcache_exclude=",".join(site.xcache_exclude),
     )

@@ -59,6 +59,7 @@ class PilotParams:
     log_dir: Path | None
     xcache: str | None
     xcache_exclude: tuple[str, ...] = ()
+    bind: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -114,6 +115,7 @@ def params_from_env(env: dict[str, str], now: float) -> PilotParams:
         log_dir=Path(log_dir) if log_dir else None,
         xcache=env.get("PILOT_XCACHE") or None,
         xcache_exclude=tuple(d for d in env.get("PILOT_XCACHE_EXCLUDE", "").split(",") if d),
+        bind=tuple(d for d in env.get("PILOT_BIND", "").split(",") if d),
     )
 
 
@@ -268,11 +270,15 @@ class Pilot:
     def _in_container(self, argv: list[str]) -> tuple[int, str]:
         from spython.main import Client
 
-        result = Client.execute(self.p.image, argv, bind=[f"{self.workdir}"],
+        result = Client.execute(self.p.image, argv, bind=self._binds(),
                                 options=self._options(), return_result=True, quiet=True)
         if isinstance(result, dict):
             return int(result.get("return_code", 1)), str(result.get("message", ""))
         return 0, str(result)
+
+    def _binds(self) -> list[str]:
+        """The pilot's own directory, and the site's shared directories read-only."""
+        return [str(self.workdir), *(f"{d}:{d}:ro" for d in self.p.bind)]
 
     def _options(self) -> list[str]:
         # --no-home: the pilot account's home (where sites often keep the pilot
@@ -325,7 +331,7 @@ class Pilot:
                  self.p.image, self.p.cpus, self.p.memory_mb, self.p.walltime_end)
         rc = 0
         try:
-            for line in Client.execute(self.p.image, argv, bind=[f"{self.workdir}"],
+            for line in Client.execute(self.p.image, argv, bind=self._binds(),
                                        options=options, stream=True, quiet=True):
                 log.info("master: %s", line.rstrip())
         except Exception as exc:  # the container's exit status, or spython's error

@@ -142,3 +142,14 @@ def test_job_wrapper_opt_out_unsets_the_proxy(tmp_path: Path) -> None:
                              text=True, check=True).stdout
         assert want in out, (text, out)
     assert os.path.exists(ad)
+
+
+def test_pilot_binds_the_sites_shared_directories_read_only(tmp_path: Path) -> None:
+    p = wrapper.PilotParams(**{**_params(tmp_path, CACHE).__dict__, "bind": ("/srv/shared",)})
+    pilot = wrapper.Pilot(p, tmp_path / "w", tmp_path / "w" / "condor_config")
+    assert pilot._binds() == [str(tmp_path / "w"), "/srv/shared:/srv/shared:ro"]
+    env = {"PILOT_SITE": "s", "PILOT_PROVISIONER_ID": "p", "PILOT_COLLECTOR": "cm",
+           "PILOT_UID_DOMAIN": "d", "PILOT_IMAGE": "/i", "PILOT_TOKEN_FILE": "/t",
+           "PILOT_CONDOR_CONFIG": "/c", "SLURM_JOB_ID": "1", "PILOT_WALLTIME_S": "60",
+           "PILOT_BIND": "/a,/b/c"}
+    assert wrapper.params_from_env(env, 0).bind == ("/a", "/b/c")

@@ -73,6 +73,8 @@ usermod -p '*' pilot
 # XRootD origin (on gsi-storage) and cache (on fra-cache).
 install -m 0644 "$etc/xrootd-origin.cfg" /etc/xrootd/origin.cfg
 install -m 0644 "$etc/xrootd-cache.cfg" /etc/xrootd/cache.cfg
+install -m 0644 "$etc/xrootd-cache-dca.cfg" /etc/xrootd/cache-dca.cfg
+install -m 0644 "$etc/xrootd-dcotf.cfg" /etc/xrootd/dcotf.cfg
 install -d -o xrootd -g xrootd /srv/origin/data /srv/xcache /var/log/xrootd /var/spool/xrootd /run/xrootd
 # Test files of known checksum; sizes from TESTBED_DATA_SIZES ("name=size ...").
 cd /srv/origin/data
@@ -88,3 +90,8 @@ chown -R xrootd:xrootd /srv/origin/data
 install -d /etc/prometheus
 install -m 0644 "$etc/prometheus.yml" /etc/prometheus/testbed.yml
 install -d -o prometheus -g prometheus /var/lib/prometheus/testbed
+
+# Benchmark campaigns run as alice and switch the Frankfurt cache's mode between
+# scenarios: that one command, and nothing else, as root.
+echo "alice ALL=(root) NOPASSWD: /src/deploy/testbed/inside/cache-mode" >/etc/sudoers.d/cache-mode
+chmod 0440 /etc/sudoers.d/cache-mode

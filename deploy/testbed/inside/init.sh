@@ -12,12 +12,13 @@ stop_all() {
     echo "stopping daemons"
     pkill -TERM condor_master
     pkill -TERM -x xrootd
+    pkill -TERM -x cmsd
     pkill -TERM -x slurmd
     pkill -TERM -x slurmctld
     pkill -TERM -x sshd
     pkill -TERM -x prometheus
     for _ in $(seq 100); do
-        pgrep -x 'condor_master|slurmd|slurmctld|xrootd' >/dev/null || break
+        pgrep -x 'condor_master|slurmd|slurmctld|xrootd|cmsd' >/dev/null || break
         sleep 0.1
     done
     pkill -TERM -x munged
@@ -56,7 +57,7 @@ on cm -- condor_master
 
 echo "starting XRootD: origin on gsi-storage, cache on fra-cache"
 on gsi-storage -u xrootd -- xrootd -b -n origin -c /etc/xrootd/origin.cfg -l /var/log/xrootd/origin.log
-on fra-cache -u xrootd -- xrootd -b -n cache -c /etc/xrootd/cache.cfg -l /var/log/xrootd/cache.log
+on fra-cache -u xrootd -- xrootd -b -n cache -c /etc/xrootd/cache.cfg -l /var/log/xrootd/xrootd.log
 
 echo "starting Prometheus on cm (http://127.0.0.1:9090 there)"
 on cm -u prometheus -- prometheus --config.file=/etc/prometheus/testbed.yml \
