@@ -25,8 +25,9 @@ for i in 1 2 3; do
     xrdcp -f -d 2 "$URL" "$_CONDOR_SCRATCH_DIR/copy" 2>"$_CONDOR_SCRATCH_DIR/log" || {
         tail -n 5 "$_CONDOR_SCRATCH_DIR/log" >&2; exit 1; }
     where=remote
-    grep -q "to: file://" "$_CONDOR_SCRATCH_DIR/log" && \
-        ! grep -q "Local error" "$_CONDOR_SCRATCH_DIR/log" && where=local
+    # The source (a root:// URL) opened as a local file: sent to the shared copy.
+    grep -Eq '@root://[^ ]* successfully opened at localhost' "$_CONDOR_SCRATCH_DIR/log" \
+        && where=local
     echo "read$i=$(sha256sum "$_CONDOR_SCRATCH_DIR/copy" | cut -d' ' -f1) $where"
     sleep 1
 done
