@@ -174,11 +174,15 @@ def local_config(p: PilotParams, workdir: Path) -> str:
 #: them by the job wrapper below.
 PRIVATE_DIRS = ("tokens.d", "passwords.d", "fsauth")
 
-#: USER_JOB_WRAPPER: runs every payload in a user+mount namespace where an
-#: empty tmpfs covers the pilot's private directories, then drops into a nested
-#: user namespace. Mounts made in the outer namespace are locked in the inner
-#: one, so the payload cannot unmount them to reveal the token. Fails closed:
-#: if the namespace cannot be made, the job does not run.
+#: USER_JOB_WRAPPER: runs every payload in a user+mount namespace where
+#: - an empty tmpfs covers the pilot's private directories, and
+#: - empty tmpfs cover the node's scratch directory (where every pilot of the
+#:   site account keeps its work directory: tokens, other jobs' sandboxes), /tmp,
+#:   /var/tmp and /dev/shm; the job's own sandbox is mounted back in place,
+#: then drops into a nested user namespace. Mounts made in the outer namespace
+#: are locked in the inner one, so the payload cannot unmount them to reveal what
+#: they cover. Fails closed: if a namespace or a mount cannot be made, the job
+#: does not run.
 JOB_WRAPPER = """#!/bin/sh
 set -e
 # A job that asked for it (+WantXCache = false) reads root:// URLs directly.
@@ -186,14 +190,41 @@ if [ -n "${{_CONDOR_JOB_AD:-}}" ] && grep -qix 'WantXCache = false' "$_CONDOR_JO
 then
     unset XRD_PLUGIN XROOT_PROXY XROOT_PROXY_EXCL_DOMAINS
 fi
+sandbox=${{_CONDOR_SCRATCH_DIR:-$PWD}}
 exec unshare --user --map-root-user --mount -- /bin/sh -c '
 set -e
-uid=$1; gid=$2; shift 2
+uid=$1; gid=$2; sandbox=$3; shift 3
 while [ "$1" != -- ]; do mount -t tmpfs -o size=4k,mode=0700 pilot-private "$1"; shift; done
 shift
+mount -t tmpfs -o size=4k,mode=0700 job-stash /mnt
+mkdir /mnt/sandbox
+mount --rbind "$sandbox" /mnt/sandbox
+while [ "$1" != -- ]; do
+    if [ -d "$1" ]; then mount -t tmpfs -o mode=1777 job-private "$1"; fi
+    shift
+done
+shift
+mkdir -p "$sandbox"
+mount --move /mnt/sandbox "$sandbox"
+umount /mnt
+cd "$sandbox"
 exec unshare --user --map-user="$uid" --map-group="$gid" -- "$@"
-' job-wrapper "$(id -u)" "$(id -g)" {hide} -- "$@"
+' job-wrapper "$(id -u)" "$(id -g)" "$sandbox" {hide} -- {cover} -- "$@"
 """
+
+#: Covered for every job besides the node's scratch directory.
+SHARED_TMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+
+
+def covered_dirs(scratch: Path) -> list[str]:
+    """What the job wrapper covers: the scratch directory, then the shared
+    temporary directories (each once; never "/")."""
+    out: list[str] = []
+    for d in (str(scratch), *SHARED_TMP_DIRS):
+        d = d.rstrip("/") or "/"
+        if d != "/" and d not in out:
+            out.append(d)
+    return out
 
 
 #: HTCondor file transfer plugin for root:// URLs (single-file protocol: `-classad`,
@@ -235,7 +266,8 @@ def prepare(p: PilotParams) -> tuple[Path, Path]:
         (workdir / sub).mkdir(mode=0o700, parents=True)
     wrapper = workdir / "job-wrapper.sh"
     wrapper.write_text(JOB_WRAPPER.format(
-        hide=" ".join(shlex.quote(str(workdir / d)) for d in PRIVATE_DIRS)))
+        hide=" ".join(shlex.quote(str(workdir / d)) for d in PRIVATE_DIRS),
+        cover=" ".join(shlex.quote(d) for d in covered_dirs(p.scratch))))
     wrapper.chmod(0o755)
     plugin = workdir / TRANSFER_PLUGIN
     plugin.write_text(TRANSFER_PLUGIN_SCRIPT)

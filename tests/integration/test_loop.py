@@ -239,12 +239,43 @@ def test_payload_cannot_read_the_pilot_token(clean: None) -> None:
     prov = Provisioner(service_config())
     cluster = submit_script("steal", (
         'pilot="$_CONDOR_SCRATCH_DIR/../../.."\n'
-        'test -f "$pilot/condor_config" && echo found-pilot-dir\n'
+        'test -f "$pilot/condor_config" && echo LEAK-pilot-dir || echo hidden\n'
         'cat "$pilot/tokens.d/pilot" >/dev/null 2>&1 && echo LEAK || echo hidden\n'
         'unshare -rm sh -c "umount $pilot/tokens.d; cat $pilot/tokens.d/pilot" >/dev/null 2>&1 '
         "&& echo LEAK || echo hidden\n"))
     prov.run_cycle("test")
     wait_for("the job done", lambda: jobs_left(cluster) == 0, 120)
     out = (ALICE / "out" / "steal" / "0.out").read_text().split()
-    assert out == ["found-pilot-dir", "hidden", "hidden"]
+    assert out == ["hidden", "hidden", "hidden"]
     assert_clean_completion("steal", 1, outputs=False)
+
+
+def test_payload_cannot_read_another_pilots_token_or_tmp(clean: None) -> None:
+    """Pilots of one site account share a node's scratch directory and /tmp: a job
+    must not reach another pilot's token there (it would let it advertise startds),
+    nor what other jobs left in /tmp. The other pilot here is its work directory as
+    a pilot of the same account leaves it on the node."""
+    other = Path("/tmp/pilot-gsi-999999")
+    shutil.rmtree(other, ignore_errors=True)
+    (other / "tokens.d").mkdir(parents=True)
+    (other / "tokens.d" / "pilot").write_text("SECRET")
+    Path("/tmp/other-job-file").write_text("theirs")
+    run(["chown", "-R", "pilot:", str(other), "/tmp/other-job-file"])
+    other.chmod(0o700)
+    try:
+        prov = Provisioner(service_config())
+        cluster = submit_script("neighbour", (
+            f'cat {other}/tokens.d/pilot >/dev/null 2>&1 && echo LEAK-token || echo hidden\n'
+            'cat /tmp/other-job-file >/dev/null 2>&1 && echo LEAK-tmp || echo hidden\n'
+            'ls /tmp/pilot-*/tokens.d >/dev/null 2>&1 && echo LEAK-pilots || echo hidden\n'
+            'echo mine >/tmp/own && cat /tmp/own\n'), extra='+DesiredSites = "gsi"\n'
+            'requirements = PilotSite == "gsi"\n')
+        prov.run_cycle("test")
+        wait_for("the job done", lambda: jobs_left(cluster) == 0 or (prov.run_cycle("test")
+                 and False), 120, step=3)
+        out = (ALICE / "out" / "neighbour" / "0.out").read_text().split()
+        assert out == ["hidden", "hidden", "hidden", "mine"]
+        assert_clean_completion("neighbour", 1, outputs=False)
+    finally:
+        shutil.rmtree(other, ignore_errors=True)
+        Path("/tmp/other-job-file").unlink(missing_ok=True)
