@@ -192,6 +192,16 @@ class Journal:
                             int(r[6] or 0), r[7])
                 for r in self.db.execute(sql + " ORDER BY site, submit_at", args)]
 
+    def add_pilot_records(self, records: Iterable[PilotRecord], source: str) -> None:
+        """Store whole pilot records (an import, e.g. from the simulator), replacing any
+        with the same site and job id; `source` goes into end_source of ended ones."""
+        self.db.executemany(
+            "INSERT OR REPLACE INTO pilots (site, job_id, cores, memory_mb, submit_at, "
+            "start_at, join_at, end_at, end_source) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [(r.site, r.job_id, r.cores, r.memory_mb, r.submit_at, r.start_at, r.join_at,
+              r.end_at, source if r.end_at is not None else None) for r in records])
+        self.db.commit()
+
     def add_job_runs(self, runs: Iterable[JobRun]) -> int:
         """Store finished runs (a run seen twice is kept once); returns how many were new."""
         cur = self.db.executemany(
