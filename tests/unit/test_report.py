@@ -88,3 +88,27 @@ def test_status_gather_and_render() -> None:
     text = render(st, tty=False)
     assert "\033" not in text and "UNKNOWN (ssh down)" in text and "RequestCpus 64" in text
     assert "\033[1m" in render(st, tty=True)
+
+
+def test_status_command_text_and_json_without_creating_a_journal(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import provisioner.service as service
+    from tests.unit.fakes import FakeBackend, FakePool
+
+    real = service.Provisioner
+    pool = FakePool(demand=(Demand(JobShape(1, 1000), 4), Demand(JobShape(64, 1000), 1)))
+
+    def fake(config, journal=None):  # type: ignore[no-untyped-def]
+        return real(config, pool=pool, backends={"gsi": FakeBackend("gsi"),  # type: ignore[arg-type]
+                                                 "fra": FakeBackend("fra")}, journal=journal)
+
+    monkeypatch.setattr(service, "Provisioner", fake)
+    journal = tmp_path / "j.sqlite"
+    cfg = parse_config(CONFIG + f"journal: {journal}\n", "t.yaml")
+    assert cli.cmd_status(cfg, as_json=True) == 0
+    st = json.loads(capsys.readouterr().out)
+    assert [s["name"] for s in st["sites"]] == ["gsi", "fra"] and st["unmatchable"][0]["idle"] == 1
+    assert not journal.exists()
+    assert cli.cmd_status(cfg, as_json=False) == 0
+    assert "Idle demand by job shape" in capsys.readouterr().out
