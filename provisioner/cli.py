@@ -1,4 +1,4 @@
-"""`provisioner run | once | status | check-config`."""
+"""`provisioner run | once | status | report | check-config`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import logging
 import os
 import sys
 import time
-from collections import Counter
 from collections.abc import Iterator
 from typing import NoReturn
 
@@ -58,12 +57,6 @@ def _locked(config: Config) -> Iterator[None]:
         lock.release()
 
 
-def _table(rows: list[list[str]], header: list[str]) -> str:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True))  # noqa: E731
-    return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
-
-
 def cmd_once(config: Config, dry_run: bool) -> int:
     from provisioner.service import Provisioner, describe
 
@@ -83,47 +76,39 @@ def cmd_once(config: Config, dry_run: bool) -> int:
     return 0
 
 
-def cmd_status(config: Config) -> int:
+def cmd_status(config: Config, as_json: bool) -> int:
+    """One observation plus what the journal holds (never creates a journal)."""
+    import json
+
     from provisioner.journal import Journal
     from provisioner.service import Provisioner, breakers_of
+    from provisioner.status import gather, render
 
-    journal = Journal(config.journal)
-    prov = Provisioner(config, journal=journal)
-    obs = prov.observe()
-    snap = obs.snapshot
-    print(f"Pool {config.pool.collector} (provisioner id {config.pool.provisioner_id})")
-    if not snap.pool_known:
-        print("  pool: UNKNOWN (schedd or collector unreadable)")
-    else:
-        rows = [[str(d.shape.cpus), str(d.shape.memory_mb), str(d.shape.runtime_s or "-"),
-                 ",".join(d.shape.desired_sites) or "any", str(d.idle)]
-                for d in sorted(snap.demand, key=lambda d: -d.idle)]
-        print("\nIdle demand by job shape:")
-        print(_table(rows, ["cores", "memory MB", "runtime s", "sites", "idle jobs"])
-              if rows else "  no idle jobs")
-    flagged = journal.get("flagged", {}) or {}
-    print("\nPilots:")
-    rows = []
+    journal = Journal.open_existing(config.journal)
+    prov = Provisioner(config, journal=journal or Journal(""))
     now = time.time()
-    for p in sorted(snap.pilots, key=lambda p: (p.site, int(p.job_id) if p.job_id.isdigit()
-                                                 else 0)):
-        left = f"{(p.walltime_end - now) / 60:.0f} min" if p.walltime_end else "-"
-        rows.append([p.site, p.job_id, p.state.value, f"{p.cpus - p.free_cpus}/{p.cpus}",
-                     str(p.memory_mb), left, "yes" if p.key in flagged else ""])
-    print(_table(rows, ["site", "job", "state", "cores used", "memory MB", "walltime left",
-                        "flagged"]) if rows else "  no pilots")
-    print("\nSites:")
-    breakers = breakers_of(journal)  # as the running service last saw them
-    for view in snap.sites:
-        counts = Counter(p.state.value for p in snap.pilots if p.site == view.name)
-        state = "ok" if view.known else f"UNKNOWN ({view.error})"
-        breaker = breakers.get(view.name, "closed")
-        print(f"  {view.name}: {state}; " + (", ".join(f"{n} {s}" for s, n in
-                                                       sorted(counts.items())) or "no pilots")
-              + f"; circuit breaker {breaker}")
-    last = journal.get("last_cycle")
-    if last:
-        print(f"\nLast cycle {now - last['at']:.0f} s ago: {last['summary']}")
+    snap = prov.observe(now).snapshot
+    j = prov.journal
+    st = gather(config, snap, now, breakers_of(j), j.get("flagged", {}) or {},
+                j.pilots(since=now - 86400.0), j.get("last_cycle"))
+    print(json.dumps(st, indent=2, sort_keys=True) if as_json
+          else render(st, tty=sys.stdout.isatty()))
+    return 0
+
+
+def cmd_report(journal: str, since: str | None, site: str | None, out: str | None) -> int:
+    from pathlib import Path
+
+    from provisioner.report import ReportError, parse_since, report
+
+    try:
+        start = parse_since(since) if since else None
+    except ReportError as exc:
+        _fail([str(exc)])
+    text, written = report(journal, time.time(), start, site, Path(out) if out else None)
+    print(text)
+    for path in written:
+        print(f"wrote {path}")
     return 0
 
 
@@ -150,7 +135,16 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("run", help="run the service in the foreground")
     once = sub.add_parser("once", help="run one cycle and print the plan")
     once.add_argument("--dry-run", action="store_true", help="plan only, change nothing")
-    sub.add_parser("status", help="queue demand, pilots per site and state, flagged pilots")
+    status = sub.add_parser("status", help="per site: pilots, cores, lead times, circuit; "
+                            "demand, unmatchable jobs, last cycle")
+    status.add_argument("--json", action="store_true", help="machine-readable, stable keys")
+    rep = sub.add_parser("report", help="allocated/claimed core-hours and efficiency per "
+                         "site and day, from the journal")
+    rep.add_argument("--since", help="first day (YYYY-MM-DD, UTC) or ISO 8601 time")
+    rep.add_argument("--site", help="only this site")
+    rep.add_argument("--out", help="directory for report.csv and the PNG plots")
+    rep.add_argument("--journal", help="journal file to read (default: the configured one; "
+                     "then no configuration is read)")
     sub.add_parser("check-config", help="validate the configuration and exit")
     xurl = sub.add_parser("xcache-url", help="a root:// URL read through a site's cache "
                           "(idempotent; other URLs unchanged)")
@@ -170,9 +164,13 @@ def main(argv: list[str] | None = None) -> int:
         if not args.args or args.args[0] != "read":
             _fail(["bench: the only benchmark is `read` (provisioner bench read --help)"])
         return benchread.main(args.args[1:])
+    if args.command == "report" and args.journal:
+        return cmd_report(args.journal, args.since, args.site, args.out)
     config = _load(args.config)
     if args.command == "xcache-url":
         return cmd_xcache_url(config, args.site, args.urls)
+    if args.command == "report":
+        return cmd_report(config.journal, args.since, args.site, args.out)
     if args.command == "check-config":
         print(f"{args.config}: ok ({len(config.sites)} site(s): {', '.join(config.site_names)})")
         return 0
@@ -180,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.nullcontext() if args.dry_run else _locked(config):
             return cmd_once(config, args.dry_run)
     if args.command == "status":
-        return cmd_status(config)
+        return cmd_status(config, args.json)
     from provisioner.service import Provisioner, run_forever
 
     with _locked(config):

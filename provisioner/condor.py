@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from provisioner.accounting import JobRun
 from provisioner.config import PoolConfig
 from provisioner.model import Demand, JobShape
 
@@ -27,6 +28,17 @@ SLOT_ATTRS = ["Name", "Machine", "PilotSite", "PilotSlurmJobId",
               "PilotWalltimeEnd", "PartitionableSlot", "DynamicSlot", "State", "Activity",
               "Cpus", "Memory", "GPUs", "TotalSlotCpus", "TotalSlotMemory", "Draining",
               "DaemonStartTime", "MyType", "CondorVersion", "Start"]
+
+
+#: What a finished job's history ad gives the accounting. MachineAttr*0 are the pilot's
+#: attributes copied into the job ad when the schedd has
+#: `SYSTEM_JOB_MACHINE_ATTRS = PilotSite PilotSlurmJobId` (condor_config/central-manager.conf).
+HISTORY_ATTRS = ["ClusterId", "ProcId", "Owner", "JobStatus", "RequestCpus",
+                 "JobCurrentStartDate", "JobStartDate", "CompletionDate",
+                 "EnteredCurrentStatus", "RemoteUserCpu", "RemoteSysCpu",
+                 "MachineAttrPilotSite0", "MachineAttrPilotSlurmJobId0"]
+#: Most history ads read per cycle (the schedd returns the newest first).
+HISTORY_MATCH = 5000
 
 
 #: Idle (1), running (2), transferring output (6) and suspended (7) jobs: the last
@@ -69,6 +81,16 @@ def _int(ad: Any, attr: str, default: int = 0) -> int:
     return int(value)
 
 
+def _float(ad: Any, attr: str) -> float:
+    try:
+        value = ad.eval(attr)
+    except (KeyError, ValueError, TypeError, RuntimeError):
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0.0
+    return float(value)
+
+
 def _str(ad: Any, attr: str) -> str:
     try:
         value = ad.eval(attr)
@@ -89,6 +111,30 @@ def shape_of(ad: Any) -> JobShape:
         runtime_s=runtime if runtime > 0 else None,
         desired_sites=tuple(sorted(sites)),
     )
+
+
+def job_run_of(ad: Any) -> JobRun | None:
+    """The finished run of one history ad, or None if it never started (removed while
+    idle) or names no end."""
+    start = _int(ad, "JobCurrentStartDate") or _int(ad, "JobStartDate")
+    end = _int(ad, "CompletionDate") or _int(ad, "EnteredCurrentStatus")
+    if start <= 0 or end < start:
+        return None
+    cpu = _float(ad, "RemoteUserCpu") + _float(ad, "RemoteSysCpu")
+    return JobRun(
+        job_id=f"{_int(ad, 'ClusterId')}.{_int(ad, 'ProcId')}", owner=_str(ad, "Owner"),
+        site=_str(ad, "MachineAttrPilotSite0"),
+        pilot_job_id=_str(ad, "MachineAttrPilotSlurmJobId0")
+        or str(_int(ad, "MachineAttrPilotSlurmJobId0") or ""),
+        cores=max(1, _int(ad, "RequestCpus", 1)), start_at=float(start), end_at=float(end),
+        cpu_s=cpu)
+
+
+def history_constraint(after: float) -> str:
+    """Jobs that finished (or were removed after running) after `after` (epoch s)."""
+    t = int(after)
+    return (f"CompletionDate > {t} || "
+            f"(JobStatus == 3 && JobCurrentStartDate > 0 && EnteredCurrentStatus > {t})")
 
 
 @dataclass(frozen=True)
@@ -229,3 +275,15 @@ class Pool:
         except Exception as exc:
             raise PoolUnreachable(f"collector query failed: {exc}") from exc
         return pilot_ads_of(ads)
+
+    def history(self, after: float, match: int = HISTORY_MATCH) -> list[JobRun]:
+        """Runs that ended after `after` from the schedd's history, at most `match` (the
+        newest first: a backlog larger than that is cut, the oldest part lost for the
+        accounting). One schedd history query."""
+        try:
+            ads = self._schedd().history(constraint=history_constraint(after),
+                                         projection=HISTORY_ATTRS, match=match)
+            runs = [job_run_of(ad) for ad in ads]
+        except Exception as exc:
+            raise PoolUnreachable(f"schedd history query failed: {exc}") from exc
+        return [r for r in runs if r is not None]

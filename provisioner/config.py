@@ -322,8 +322,33 @@ KNOWN_BACKENDS: tuple[str, ...] = tuple(BACKEND_SETTINGS)
 AnySite = Annotated[SiteConfig, Field(discriminator="backend")]
 
 
+class MetricsConfig(_Model):
+    """The Prometheus endpoint `provisioner run` serves (None: no endpoint)."""
+
+    #: "HOST:PORT" to listen on, e.g. "127.0.0.1:9100" (IPv6 as "[::1]:9100").
+    listen: str | None = Field(default=None,
+                               pattern=r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]*):[0-9]{1,5}$")
+
+    @field_validator("listen")
+    @classmethod
+    def _port_in_range(cls, value: str | None) -> str | None:
+        if value is not None and not 1 <= int(value.rsplit(":", 1)[1]) <= 65535:
+            raise PydanticCustomError("port", "port must be 1..65535 (got {value!r})",
+                                      {"value": value})
+        return value
+
+    @property
+    def address(self) -> tuple[str, int] | None:
+        """(host, port) to bind; host "" is every address."""
+        if self.listen is None:
+            return None
+        host, port = self.listen.rsplit(":", 1)
+        return host.strip("[]"), int(port)
+
+
 class Config(_Model):
     pool: PoolConfig = PoolConfig()
+    metrics: MetricsConfig = MetricsConfig()
     policy: PolicyConfig = PolicyConfig()
     #: Directory of the pilot batch-script templates; None = slurm_templates/ of this project.
     templates_dir: str | None = Field(default=None, pattern=_PATH)

@@ -1,6 +1,11 @@
-"""SQLite journal: an audit trail of cycles and actions, and the flags of the
-last cycle for `provisioner status`. A cache, never the only copy: after a
-restart the service rebuilds its picture from SLURM and the collector.
+"""SQLite journal: an audit trail of cycles and actions, the flags of the last cycle
+for `provisioner status`, and the accounting records (`pilots` from `squeue`,
+`job_runs` from the schedd's history). A cache, never the only copy: after a restart
+the service rebuilds its picture from SLURM and the collector.
+
+Schema versions: 1 (cycles, actions, state) and 2 (+ pilots, job_runs). A journal of
+an older version is upgraded in place when opened; one of a newer version is refused
+(`JournalError`) rather than written with a schema this code does not know.
 """
 
 from __future__ import annotations
@@ -8,9 +13,14 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from provisioner.accounting import JobRun, PilotRecord
+
+SCHEMA_VERSION = 2
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS cycles (
@@ -20,20 +30,80 @@ CREATE TABLE IF NOT EXISTS actions (
     id INTEGER PRIMARY KEY, cycle INTEGER, at REAL, kind TEXT, site TEXT,
     job_id TEXT, detail TEXT, outcome TEXT);
 CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS pilots (
+    site TEXT NOT NULL, job_id TEXT NOT NULL, cores INTEGER, memory_mb INTEGER,
+    submit_at REAL, start_at REAL, join_at REAL, end_at REAL, end_source TEXT,
+    PRIMARY KEY (site, job_id));
+CREATE TABLE IF NOT EXISTS job_runs (
+    job_id TEXT NOT NULL, start_at REAL NOT NULL, owner TEXT, site TEXT,
+    pilot_job_id TEXT, cores INTEGER, end_at REAL, wall_s REAL, cpu_s REAL,
+    PRIMARY KEY (job_id, start_at));
+CREATE INDEX IF NOT EXISTS job_runs_pilot ON job_runs (site, pilot_job_id);
 """
+
+
+class JournalError(Exception):
+    """The journal file cannot be used by this version; the message names file and versions."""
+
+
+@dataclass
+class PilotEvents:
+    """What one cycle's `squeue` taught the journal, for the metrics."""
+
+    started: list[tuple[str, float]] = field(default_factory=list)  # (site, queue wait s)
+    joined: list[tuple[str, float]] = field(default_factory=list)  # (site, boot s)
+    ended: list[PilotRecord] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class SeenPilot:
+    """A pilot job as one cycle saw it at a site it could read."""
+
+    job_id: str
+    cores: int
+    memory_mb: int
+    submit_at: float
+    start_at: float | None
+    joined: bool  # its startd is in the pool
 
 
 class Journal:
     """Append-only record; `path` "" keeps it in memory (nothing survives)."""
 
     def __init__(self, path: str) -> None:
+        self.path = path
         if path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(path or ":memory:", check_same_thread=False)
-        self.db.executescript(SCHEMA)
+        self._upgrade()
         if path:
             Path(path).chmod(0o600)
 
+    @classmethod
+    def open_existing(cls, path: str) -> Journal | None:
+        """The journal at `path` if the file exists (None otherwise, nothing created)."""
+        if not path or not Path(path).is_file():
+            return None
+        return cls(path)
+
+    def _upgrade(self) -> None:
+        tables = {r[0] for r in self.db.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")}
+        version = 0
+        if "state" in tables:
+            row = self.db.execute(
+                "SELECT value FROM state WHERE key = 'schema_version'").fetchone()
+            version = int(json.loads(row[0])) if row else 1
+        if version > SCHEMA_VERSION:
+            raise JournalError(
+                f"{self.path or ':memory:'}: journal schema version {version} is newer than "
+                f"this provisioner's {SCHEMA_VERSION}; use a newer provisioner or move the "
+                "file away (it is a cache: a new one is rebuilt from SLURM and the pool)")
+        self.db.executescript(SCHEMA)
+        if version < SCHEMA_VERSION:
+            self.put("schema_version", SCHEMA_VERSION)
+
+    # --- audit trail -----------------------------------------------------
     def cycle(self, reason: str, summary: str, timings: Mapping[str, float]) -> int:
         cur = self.db.execute(
             "INSERT INTO cycles (at, reason, summary, observe_s, plan_s, act_s) "
@@ -59,3 +129,98 @@ class Journal:
     def get(self, key: str, default: Any = None) -> Any:
         row = self.db.execute("SELECT value FROM state WHERE key = ?", (key,)).fetchone()
         return json.loads(row[0]) if row else default
+
+    def empty(self) -> bool:
+        """No pilot and no cycle recorded yet."""
+        return not (self.db.execute("SELECT 1 FROM pilots LIMIT 1").fetchone()
+                    or self.db.execute("SELECT 1 FROM cycles LIMIT 1").fetchone())
+
+    # --- accounting ------------------------------------------------------
+    def record_pilots(self, site: str, seen: Iterable[SeenPilot], now: float) -> PilotEvents:
+        """One cycle's `squeue` of a site it could read: new pilots are added, starts
+        and first joins noted, and pilots of this site still open in the journal that
+        are no longer in `squeue` end at `now` (end_source "squeue-gone")."""
+        events = PilotEvents()
+        open_rows = {r[0]: r for r in self.db.execute(
+            "SELECT job_id, start_at, join_at FROM pilots WHERE site = ? AND end_at IS NULL",
+            (site,))}
+        present = set()
+        for p in seen:
+            present.add(p.job_id)
+            row = open_rows.get(p.job_id)
+            if row is None:
+                cur = self.db.execute(
+                    "INSERT OR IGNORE INTO pilots (site, job_id, cores, memory_mb, submit_at) "
+                    "VALUES (?, ?, ?, ?, ?)", (site, p.job_id, p.cores, p.memory_mb, p.submit_at))
+                if not cur.rowcount:
+                    continue  # ended earlier (a job id reused): leave it closed
+                row = (p.job_id, None, None)
+            start_at, join_at = row[1], row[2]
+            if start_at is None and p.start_at is not None:
+                start_at = p.start_at
+                self.db.execute("UPDATE pilots SET start_at = ? WHERE site = ? AND job_id = ?",
+                                (start_at, site, p.job_id))
+                events.started.append((site, max(0.0, start_at - p.submit_at)))
+            if join_at is None and p.joined:
+                self.db.execute("UPDATE pilots SET join_at = ? WHERE site = ? AND job_id = ?",
+                                (now, site, p.job_id))
+                if start_at is not None:
+                    events.joined.append((site, max(0.0, now - start_at)))
+        for job_id in set(open_rows) - present:
+            self.db.execute("UPDATE pilots SET end_at = ?, end_source = 'squeue-gone' "
+                            "WHERE site = ? AND job_id = ?", (now, site, job_id))
+            events.ended.extend(self.pilots(site=site, job_id=job_id))
+        self.db.commit()
+        return events
+
+    def pilots(self, since: float | None = None, site: str | None = None,
+               job_id: str | None = None) -> list[PilotRecord]:
+        """Pilot records, those alive at or after `since` (None: all)."""
+        sql = ("SELECT site, job_id, cores, submit_at, start_at, end_at, memory_mb, join_at "
+               "FROM pilots WHERE 1=1")
+        args: list[Any] = []
+        if since is not None:
+            sql += " AND (end_at IS NULL OR end_at >= ?)"
+            args.append(since)
+        if site is not None:
+            sql += " AND site = ?"
+            args.append(site)
+        if job_id is not None:
+            sql += " AND job_id = ?"
+            args.append(job_id)
+        return [PilotRecord(r[0], r[1], int(r[2] or 0), float(r[3] or 0.0), r[4], r[5],
+                            int(r[6] or 0), r[7])
+                for r in self.db.execute(sql + " ORDER BY site, submit_at", args)]
+
+    def add_pilot_records(self, records: Iterable[PilotRecord], source: str) -> None:
+        """Store whole pilot records (an import, e.g. from the simulator), replacing any
+        with the same site and job id; `source` goes into end_source of ended ones."""
+        self.db.executemany(
+            "INSERT OR REPLACE INTO pilots (site, job_id, cores, memory_mb, submit_at, "
+            "start_at, join_at, end_at, end_source) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [(r.site, r.job_id, r.cores, r.memory_mb, r.submit_at, r.start_at, r.join_at,
+              r.end_at, source if r.end_at is not None else None) for r in records])
+        self.db.commit()
+
+    def add_job_runs(self, runs: Iterable[JobRun]) -> int:
+        """Store finished runs (a run seen twice is kept once); returns how many were new."""
+        cur = self.db.executemany(
+            "INSERT OR IGNORE INTO job_runs (job_id, start_at, owner, site, pilot_job_id, "
+            "cores, end_at, wall_s, cpu_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [(r.job_id, r.start_at, r.owner, r.site, r.pilot_job_id, r.cores, r.end_at,
+              r.wall_s, r.cpu_s) for r in runs])
+        self.db.commit()
+        return int(cur.rowcount or 0)
+
+    def job_runs(self, since: float | None = None, site: str | None = None) -> list[JobRun]:
+        sql = ("SELECT job_id, owner, site, pilot_job_id, cores, start_at, end_at, cpu_s "
+               "FROM job_runs WHERE 1=1")
+        args: list[Any] = []
+        if since is not None:
+            sql += " AND end_at >= ?"
+            args.append(since)
+        if site is not None:
+            sql += " AND site = ?"
+            args.append(site)
+        return [JobRun(r[0], r[1] or "", r[2] or "", r[3] or "", int(r[4] or 0), float(r[5]),
+                       float(r[6]), float(r[7] or 0.0)) for r in self.db.execute(sql, args)]

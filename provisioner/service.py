@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from provisioner.backoff import SiteBackoff
 from provisioner.cadence import Probe
 from provisioner.condor import PilotAd, Pool, PoolUnreachable
 from provisioner.config import Config
 from provisioner.controller import Controller, PoolView, QueueSize
+from provisioner.cycle_text import action_target, breakers_of, describe, summary_line
 from provisioner.journal import Journal
+from provisioner.ledger import Ledger
+from provisioner.metrics import Metrics, MetricsError, circuit_codes
 from provisioner.model import (
     Cancel,
     Demand,
@@ -77,12 +78,6 @@ class CycleResult:
     timings: dict[str, float] = field(default_factory=dict)
 
 
-def describe(action: Any) -> str:
-    if isinstance(action, Submit):
-        return (f"submit {action.count} at {action.site} "
-                f"({action.cpus} cores, {action.memory_mb} MB, {action.walltime_s} s)")
-    kind = type(action).__name__.lower()
-    return f"{kind} {action.pilot.key}"
 
 
 class Provisioner:
@@ -104,6 +99,20 @@ class Provisioner:
         self.disagreements = Disagreements()  # SLURM vs collector, each logged once
         # A site that keeps failing is asked again after a growing delay.
         self.backoff = SiteBackoff(base_s=min(config.policy.interval_s, 60.0), max_s=600.0)
+        self.metrics = Metrics()  # served only by start_metrics() (`provisioner run`)
+        self.ledger = Ledger(self.journal, self.metrics, self.pool)
+
+    def start_metrics(self) -> bool:
+        """Serve the Prometheus endpoint if configured. A failure (address in use) is
+        logged and the service provisions on without metrics; returns whether it serves."""
+        try:
+            self.metrics.serve(self.config.metrics)
+        except MetricsError as exc:
+            log.error("%s; provisioning goes on without metrics", exc)
+            return False
+        if self.config.metrics.listen:
+            log.info("metrics on http://%s/metrics", self.config.metrics.listen)
+        return self.config.metrics.listen is not None
 
     # The decision state lives in the controller; these read it.
     @property
@@ -152,6 +161,7 @@ class Provisioner:
                     site_jobs = list(self.backends[site.name].list_pilots())
                 except BackendError as exc:
                     delay = self.backoff.failed(site.name, now)
+                    self.metrics.count("site_read_errors", site.name)
                     error = str(exc)
                     log.error("site %s unknown this cycle (failed read %d, next try in %.0f s): "
                               "%s", site.name, self.backoff.failures[site.name], delay, exc)
@@ -204,6 +214,7 @@ class Provisioner:
         finally:
             if ids:  # followed by the circuit breaker from now on
                 self.controller.submitted(f"{action.site}/{i}" for i in ids)
+                self.metrics.count("pilots_submitted", action.site, len(ids))
         return f"submitted {ids}"
 
     def _release(self, action: Release,
@@ -219,6 +230,7 @@ class Provisioner:
             return "skipped: claimed since the snapshot"
         self.backends[action.pilot.site].release(action.pilot.job_id)
         self.controller.released(key, self.clock())
+        self.metrics.count("pilots_released", action.pilot.site)
         return "release sent (the pilot drains itself if still idle)"
 
     def _cleanup(self, obs: Observation) -> list[tuple[str, str]]:
@@ -238,6 +250,7 @@ class Provisioner:
                 self.backends[site].cancel(job_id)
                 out.append((f"cancel {key}", "startd gone after release; job cancelled"))
                 self.controller.cancelled(key)
+                self.metrics.count("pilots_cancelled", site)
             except BackendError as exc:
                 out.append((f"cancel {key}", f"failed: {exc}"))
         return out
@@ -263,6 +276,7 @@ class Provisioner:
                     self.backends[action.pilot.site].cancel(action.pilot.job_id,
                                                             only_pending=pending)
                     outcome = "cancelled if still pending" if pending else "cancelled"
+                    self.metrics.count("pilots_cancelled", action.pilot.site)
                 elif isinstance(action, Flag | Unflag):
                     outcome = "ok"
                 else:
@@ -299,6 +313,14 @@ class Provisioner:
         line = summary_line(cycle)
         log.info("cycle %d (%s): %s", self.cycles, reason, line)
         if not dry_run:
+            self.ledger.explain_unmatchable(obs.snapshot.pool_known, result.unmatchable)
+            self.ledger.account(obs.jobs, frozenset(obs.ads), obs.snapshot.pool_known, now)
+            self.metrics.cycle(
+                now=now, timings=cycle.timings, sites=self.config.sites,
+                pool_known=obs.snapshot.pool_known, demand=obs.snapshot.demand,
+                unmatchable=result.unmatchable, pilots=obs.snapshot.pilots,
+                circuit=circuit_codes(self.controller.breakers.states, now),
+                known_sites=[v.name for v in obs.snapshot.sites if v.known])
             cid = self.journal.cycle(reason, line, cycle.timings)
             for text, outcome in cycle.outcomes:
                 kind = text.split(" ", 1)[0]
@@ -307,8 +329,11 @@ class Provisioner:
             self.journal.put("flagged", self.flagged)
             self.journal.put("controller", self.controller.state())
             self.journal.put("breakers", self.controller.breakers.snapshot(now))
-            self.journal.put("last_cycle", {"at": now, "summary": line})
+            self.journal.put("last_cycle", {
+                "at": now, "summary": line, "timings": cycle.timings,
+                "actions": [[text, outcome] for text, outcome in cycle.outcomes]})
         return cycle
+
 
     def tick(self) -> CycleResult | None:
         """The cheap check; runs a full cycle when cadence says one is due."""
@@ -328,52 +353,6 @@ class Provisioner:
         return self.run_cycle(reason, now=now)
 
 
-def breakers_of(journal: Journal) -> dict[str, str]:
-    """The circuit breakers the last cycle left, in words, as `provisioner status` shows
-    them: site -> "closed", "open (...; retried in N s)", "half-open (...)"; sites never
-    tripped are absent."""
-    breakers = journal.get("breakers")
-    return {str(k): str(v) for k, v in breakers.items()} if isinstance(breakers, dict) else {}
-
-
-def action_target(text: str) -> tuple[str, str]:
-    """(site, job id) of an action's text: "release gsi/12" or "submit 2 at gsi (...)"."""
-    words = text.split()
-    if len(words) >= 2 and "/" in words[1]:
-        site, job_id = words[1].split("/", 1)
-        return site, job_id
-    if "at" in words:
-        return words[words.index("at") + 1], ""
-    return "", ""
-
-
-def summary_line(cycle: CycleResult) -> str:
-    snap = cycle.observation.snapshot
-    demand = sum(d.idle for d in snap.demand)
-    parts = [f"demand {demand} idle jobs in {len(snap.demand)} shapes"
-             if snap.pool_known else "pool UNKNOWN"]
-    for view in snap.sites:
-        if not view.known:
-            parts.append(f"{view.name}: UNKNOWN")
-            continue
-        states = Counter(p.state.value for p in snap.pilots if p.site == view.name)
-        parts.append(f"{view.name}: " + (" ".join(f"{n} {s}" for s, n in sorted(states.items()))
-                                         or "no pilots"))
-    if cycle.plan.reserve_jobs:
-        left = "?" if snap.recent_departures is None else snap.recent_departures
-        parts.append(f"reserve {cycle.plan.reserve_held}/{cycle.plan.reserve_jobs} slots "
-                     f"(arrived {sum(d.idle for d in snap.recent_arrivals)}, left {left} "
-                     f"in {snap.arrival_window_s:.0f} s)")
-    if cycle.plan.unmatchable:
-        parts.append(f"unmatchable {sum(u.idle for u in cycle.plan.unmatchable)}")
-    acts = [describe(a) for a in cycle.plan.actions]
-    parts.append("actions: " + (", ".join(acts) if acts else "none"))
-    t = cycle.timings
-    parts.append(f"observe {t.get('observe', 0):.2f}s plan {t.get('plan', 0) * 1000:.1f}ms "
-                 f"act {t.get('act', 0):.2f}s")
-    return "; ".join(parts)
-
-
 def run_forever(prov: Provisioner) -> None:
     """The service: an APScheduler interval job, one instance at a time, missed runs coalesced."""
     from apscheduler.schedulers.blocking import BlockingScheduler
@@ -391,6 +370,7 @@ def run_forever(prov: Provisioner) -> None:
     log.info("provisioner %s: %d site(s), interval %.0f s, quick check %.0f s",
              prov.config.pool.provisioner_id, len(prov.config.sites),
              prov.config.policy.interval_s, prov.config.policy.quick_check_s)
+    prov.start_metrics()
     job()
     try:
         sched.start()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from provisioner.accounting import JobRun
 from provisioner.condor import PilotAd, PoolUnreachable, QueueView
 from provisioner.model import Demand
 from provisioner.sites.base import SiteJob
@@ -21,6 +22,9 @@ class FakePool:
     total: int = 0
     older: int = 0
     newest: float | None = None
+    runs: list[JobRun] = field(default_factory=list)  # the schedd's history
+    history_fail: bool = False
+    history_calls: list[float] = field(default_factory=list)
 
     def queue(self, arrivals_since: float | None = None) -> QueueView:
         if self.fail:
@@ -33,6 +37,12 @@ class FakePool:
         if self.fail:
             raise PoolUnreachable("collector down")
         return dict(self.ads)
+
+    def history(self, after: float, match: int = 5000) -> list[JobRun]:
+        self.history_calls.append(after)
+        if self.history_fail:
+            raise PoolUnreachable("history unreadable")
+        return [r for r in self.runs if r.end_at > after][:match]
 
     def idle_count(self) -> int:
         return sum(d.idle for d in self.demand)

@@ -203,3 +203,23 @@ def test_config_refuses_shell_metacharacters_in_paths() -> None:
     with pytest.raises(Exception, match="partition"):
         parse_config(SITE_YAML.replace("partition: main", "partition: 'main; rm -rf /'"),
                      "t.yaml")
+
+
+def test_history_ad_to_job_run() -> None:
+    from provisioner.condor import history_constraint, job_run_of
+
+    ad = Ad(ClusterId=12, ProcId=3, Owner="alice", JobStatus=4, RequestCpus=2,
+            JobCurrentStartDate=1000, JobStartDate=900, CompletionDate=4600,
+            EnteredCurrentStatus=4601, RemoteUserCpu=5000.0, RemoteSysCpu=200.0,
+            MachineAttrPilotSite0="gsi", MachineAttrPilotSlurmJobId0="77")
+    run = job_run_of(ad)
+    assert run is not None and (run.job_id, run.site, run.pilot_job_id) == ("12.3", "gsi", "77")
+    assert (run.cores, run.start_at, run.end_at, run.cpu_s) == (2, 1000.0, 4600.0, 5200.0)
+    # removed while running: no CompletionDate, the end is when it entered that status
+    removed = Ad(ad, JobStatus=3, CompletionDate=0, JobCurrentStartDate=0)
+    del removed["MachineAttrPilotSite0"]
+    run = job_run_of(removed)
+    assert run is not None and (run.start_at, run.end_at, run.site) == (900.0, 4601.0, "")
+    assert job_run_of(Ad(ClusterId=1, ProcId=0, JobStartDate=0, CompletionDate=0,
+                         EnteredCurrentStatus=5)) is None  # never started
+    assert history_constraint(99.7).startswith("CompletionDate > 99 ||")

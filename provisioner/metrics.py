@@ -1,0 +1,207 @@
+"""Prometheus series of the provisioner (`provisioner run` serves them on `metrics.listen`).
+
+Each `Metrics` owns a private `CollectorRegistry` (one per `Provisioner`; tests build
+many). `SERIES` names every series with its type, labels and meaning; the Grafana
+dashboard (deploy/grafana-dashboard.json) is checked against it. The service calls
+`cycle()` once per full cycle with what it observed and decided, `pilot_events()` with
+what the journal learnt from `squeue`, and `count()` for actions.
+"""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from provisioner.breaker import BreakerState
+from provisioner.config import MetricsConfig, SiteConfig
+from provisioner.matching import item_of, site_rejects
+from provisioner.model import Demand, Pilot, PilotState, Unmatchable
+
+P = "provisioner_"
+
+#: name -> (type, labels, help). Counters carry their `_total` here as exposed.
+SERIES: dict[str, tuple[str, tuple[str, ...], str]] = {
+    P + "idle_jobs": ("gauge", ("site",), "Idle jobs a site's pilots could run (a job that "
+                      "fits several sites counts at each; site=\"none\": unmatchable)"),
+    P + "unmatchable_jobs": ("gauge", (), "Idle jobs no configured site can run"),
+    P + "unmatchable_groups": ("gauge", (), "Job shapes no configured site can run"),
+    P + "pilots": ("gauge", ("site", "state"), "Pilots by site and state"),
+    P + "allocated_cores": ("gauge", ("site",), "Cores of pilots running in SLURM now"),
+    P + "claimed_cores": ("gauge", ("site",), "Cores claimed by jobs on pilots now"),
+    P + "pilots_submitted_total": ("counter", ("site",), "Pilots submitted"),
+    P + "pilots_released_total": ("counter", ("site",), "Releases sent to idle pilots"),
+    P + "pilots_cancelled_total": ("counter", ("site",), "Pilot jobs cancelled"),
+    P + "pilots_failed_to_join_total": ("counter", ("site",),
+                                        "Pilots that started and ended without joining"),
+    P + "cycle_phase_seconds": ("histogram", ("phase",),
+                                "Duration of a cycle's phase (observe, plan, act)"),
+    P + "cycles_total": ("counter", (), "Full cycles run"),
+    P + "last_cycle_timestamp_seconds": ("gauge", (), "When the last full cycle began"),
+    P + "site_read_errors_total": ("counter", ("site",), "Failed squeue reads of a site"),
+    P + "site_circuit_state": ("gauge", ("site",),
+                               "Circuit breaker: 0 closed, 1 half-open, 2 open"),
+    P + "pool_known": ("gauge", (), "1 if the schedd and collector were read last cycle"),
+    P + "history_read_errors_total": ("counter", (), "Failed schedd history reads"),
+    P + "pilot_queue_wait_seconds": ("histogram", ("site",),
+                                     "Pilot lead time in SLURM: submit -> start"),
+    P + "pilot_boot_seconds": ("histogram", ("site",),
+                               "Pilot lead time booting: start -> first seen in the pool"),
+}
+
+PHASE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+LEAD_BUCKETS = (10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400, 43200, 86400)
+#: A pilot running in SLURM holds its cores; one up in the pool can have claims.
+_ALLOCATED = frozenset({PilotState.STARTING, PilotState.IDLE, PilotState.BUSY,
+                        PilotState.DRAINING, PilotState.ENDING})
+_UP = frozenset({PilotState.IDLE, PilotState.BUSY, PilotState.DRAINING})
+
+
+class MetricsError(Exception):
+    """The endpoint could not be started; the message names the address and the field."""
+
+
+def exposed_names() -> set[str]:
+    """Every series name a scrape can show (histograms' _bucket/_sum/_count included)."""
+    out = set()
+    for name, (kind, _labels, _help) in SERIES.items():
+        out.add(name)
+        if kind == "histogram":
+            out |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
+    return out
+
+
+def demand_by_site(demand: Iterable[Demand], sites: Sequence[SiteConfig]) -> dict[str, int]:
+    """Idle jobs per site whose largest pilot could run them; "none" for no site."""
+    out = {s.name: 0 for s in sites} | {"none": 0}
+    for d in demand:
+        item = item_of(d.shape)
+        fits = [s.name for s in sites if not site_rejects(d.shape, s, item)]
+        for name in fits or ["none"]:
+            out[name] += d.idle
+    return out
+
+
+def circuit_codes(states: Mapping[str, BreakerState], now: float) -> dict[str, int]:
+    """Each tripped site's breaker as a number: 0 closed, 1 half-open, 2 open."""
+    out = {}
+    for site, st in states.items():
+        is_open = st.open_until is not None and now < st.open_until
+        out[site] = 2 if is_open else 1 if st.probing or st.open_until is not None else 0
+    return out
+
+
+@dataclass(frozen=True)
+class SiteCores:
+    allocated: int
+    claimed: int
+
+
+def cores_by_site(pilots: Iterable[Pilot], sites: Iterable[str]) -> dict[str, SiteCores]:
+    """Allocated (running in SLURM) and claimed (by jobs) cores per site right now."""
+    alloc: Tally[str] = Tally()
+    claim: Tally[str] = Tally()
+    for p in pilots:
+        if p.state in _ALLOCATED:
+            alloc[p.site] += p.cpus
+        if p.state in _UP:
+            claim[p.site] += max(0, p.cpus - p.free_cpus)
+    return {s: SiteCores(alloc[s], claim[s]) for s in sites}
+
+
+class Metrics:
+    """The series of one provisioner, in its own registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        self._m: dict[str, Any] = {}
+        for name, (kind, labels, text) in SERIES.items():
+            if kind == "gauge":
+                self._m[name] = Gauge(name, text, labels, registry=self.registry)
+            elif kind == "counter":
+                self._m[name] = Counter(name.removesuffix("_total"), text, labels,
+                                        registry=self.registry)
+            else:
+                buckets = PHASE_BUCKETS if name.endswith("phase_seconds") else LEAD_BUCKETS
+                self._m[name] = Histogram(name, text, labels, buckets=buckets,
+                                          registry=self.registry)
+        self.server: object | None = None
+
+    def _metric(self, name: str, **labels: str) -> Any:
+        m = self._m[P + name]
+        return m.labels(**labels) if labels else m
+
+    # --- updates ---------------------------------------------------------
+    def cycle(self, *, now: float, timings: Mapping[str, float], sites: Sequence[SiteConfig],
+              pool_known: bool, demand: Iterable[Demand], unmatchable: Iterable[Unmatchable],
+              pilots: Sequence[Pilot], circuit: Mapping[str, int],
+              known_sites: Iterable[str]) -> None:
+        """One full cycle's view; gauges of unknown parts keep their last value."""
+        self._metric("cycles_total").inc()
+        self._metric("last_cycle_timestamp_seconds").set(now)
+        for phase, seconds in timings.items():
+            self._metric("cycle_phase_seconds", phase=phase).observe(seconds)
+        self._metric("pool_known").set(1 if pool_known else 0)
+        names = [s.name for s in sites]
+        for site in names:
+            self._metric("site_circuit_state", site=site).set(circuit.get(site, 0))
+        if not pool_known:
+            return
+        for site, n in demand_by_site(demand, sites).items():
+            self._metric("idle_jobs", site=site).set(n)
+        groups = list(unmatchable)
+        self._metric("unmatchable_jobs").set(sum(u.idle for u in groups))
+        self._metric("unmatchable_groups").set(len(groups))
+        known = set(known_sites)
+        states = Tally((p.site, p.state.value) for p in pilots)
+        cores = cores_by_site(pilots, names)
+        for site in names:
+            if site not in known:
+                continue
+            for state in PilotState:
+                self._metric("pilots", site=site, state=state.value).set(
+                    states[(site, state.value)])
+            self._metric("allocated_cores", site=site).set(cores[site].allocated)
+            self._metric("claimed_cores", site=site).set(cores[site].claimed)
+
+    def pilot_events(self, started: Iterable[tuple[str, float]],
+                     joined: Iterable[tuple[str, float]],
+                     ended_without_join: Iterable[str]) -> None:
+        for site, wait in started:
+            self._metric("pilot_queue_wait_seconds", site=site).observe(wait)
+        for site, boot in joined:
+            self._metric("pilot_boot_seconds", site=site).observe(boot)
+        for site in ended_without_join:
+            self._metric("pilots_failed_to_join_total", site=site).inc()
+
+    def count(self, name: str, site: str | None = None, n: int = 1) -> None:
+        """Add `n` to counter `name` (without prefix and `_total`), labelled by site."""
+        if n:
+            metric = self._metric(f"{name}_total", **({"site": site} if site else {}))
+            metric.inc(n)
+
+    # --- the endpoint ----------------------------------------------------
+    def serve(self, cfg: MetricsConfig) -> None:
+        """Serve the registry on `cfg.listen` (nothing when None); MetricsError if the
+        address cannot be bound (in use, not local, no permission)."""
+        address = cfg.address
+        if address is None:
+            return
+        host, port = address
+        try:
+            self.server, _thread = start_http_server(port, addr=host or "0.0.0.0",
+                                                     registry=self.registry)
+        except OSError as exc:
+            raise MetricsError(
+                f"metrics.listen {cfg.listen!r}: cannot serve metrics there: "
+                f"{exc.strerror or exc}") from exc
+
+    def stop(self) -> None:
+        server = self.server
+        if server is not None:
+            server.shutdown()  # type: ignore[attr-defined]
+            server.server_close()  # type: ignore[attr-defined]
+            self.server = None

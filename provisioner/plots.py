@@ -1,0 +1,60 @@
+"""The report's PNG plots (matplotlib; imported only by `provisioner report`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.dates as mdates
+import matplotlib.pyplot as plt
+
+from provisioner.accounting import JobRun, PilotRecord, SiteDay, core_timeline
+
+
+def plot_cores(pilots: Sequence[PilotRecord], runs: Sequence[JobRun], now: float,
+               path: Path) -> Path:
+    """Allocated vs claimed cores over time, one panel per site."""
+    lines = core_timeline(pilots, runs, now, step_s=300.0)
+    fig, axes = plt.subplots(max(1, len(lines)), 1, figsize=(10, 3 * max(1, len(lines))),
+                             sharex=True, squeeze=False)
+    for ax, (site, points) in zip(axes[:, 0], lines.items(), strict=False):
+        t = [datetime.fromtimestamp(p[0], UTC) for p in points]
+        ax.fill_between(t, [p[1] for p in points], step="post", alpha=0.3,
+                        label="allocated", color="tab:blue")
+        ax.step(t, [p[2] for p in points], where="post", label="claimed", color="tab:green")
+        ax.set_title(f"{site}: allocated vs claimed cores")
+        ax.set_ylabel("cores")
+        ax.legend(loc="upper right")
+        ax.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d %H:%M"))
+    axes[-1, 0].set_xlabel("time (UTC)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_idle(rows: Sequence[SiteDay], path: Path) -> Path:
+    """Where the idle core-hours went, per site and day (stacked)."""
+    labels = [f"{r.site}\n{r.day}" for r in rows]
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(rows)), 4.5))
+    bottom = [0.0] * len(rows)
+    for name, colour, label in (("startup", "tab:orange", "start-up (start -> first job)"),
+                                ("between", "tab:purple", "between jobs / partly filled"),
+                                ("tail", "tab:red", "tail (last job -> end)")):
+        vals = [getattr(r, name) for r in rows]
+        ax.bar(labels, vals, bottom=bottom, color=colour, label=label)
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    for i, r in enumerate(rows):
+        share = 0 if r.allocated <= 0 else r.idle / r.allocated
+        ax.text(i, bottom[i], f"{100 * share:.0f}% idle", ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel("idle core-hours")
+    ax.set_title("Where the idle core-hours went")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

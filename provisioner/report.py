@@ -1,0 +1,105 @@
+"""`provisioner report`: what the allocation bought, per site and UTC day, from the journal.
+
+Reads the journal's pilot records and job runs (never creates a journal), prints a
+table, writes report.csv and, when matplotlib is installed, two plots: allocated vs
+claimed cores over time per site, and where the idle core-hours went.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+from provisioner.accounting import JobRun, PilotRecord, SiteDay, site_days, totals
+from provisioner.journal import Journal
+
+NOTHING = "nothing to report yet"
+COLUMNS = ["site", "day", "pilots", "allocated_core_h", "claimed_core_h", "idle_startup_core_h",
+           "idle_between_core_h", "idle_tail_core_h", "e1_job_start", "e2_cpu", "total_eff"]
+
+
+class ReportError(Exception):
+    """A bad argument; the message names it and its value."""
+
+
+def parse_since(text: str) -> float:
+    """"YYYY-MM-DD" (midnight UTC) or an ISO 8601 time (UTC unless it says) -> epoch s."""
+    try:
+        t = datetime.fromisoformat(text)
+    except ValueError:
+        raise ReportError(f"--since {text!r}: not a date (YYYY-MM-DD or ISO 8601, "
+                          "e.g. 2026-01-31T12:00)") from None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=UTC)
+    return t.timestamp()
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def values(r: SiteDay) -> list[str]:
+    return [r.site, r.day, str(len(r.pilots)), f"{r.allocated:.2f}", f"{r.claimed:.2f}",
+            f"{r.startup:.2f}", f"{r.between:.2f}", f"{r.tail:.2f}", _pct(r.e1), _pct(r.e2),
+            _pct(r.total)]
+
+
+def table(rows: Sequence[SiteDay]) -> str:
+    head = ["site", "day", "pilots", "alloc core-h", "claimed core-h", "idle start-up",
+            "idle between", "idle tail", "E1", "E2", "total"]
+    body = [values(r) for r in rows]
+    for tot in totals(rows).values():
+        body.append(values(tot))
+    widths = [max(len(c[i]) for c in [head, *body]) for i in range(len(head))]
+    lines = ["  ".join(c.rjust(w) if i > 1 else c.ljust(w) for i, (c, w) in
+                       enumerate(zip(row, widths, strict=True))) for row in [head, *body]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def write_csv(rows: Sequence[SiteDay], path: Path) -> None:
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(COLUMNS)
+        for r in rows:
+            w.writerow([r.site, r.day, len(r.pilots), f"{r.allocated:.4f}", f"{r.claimed:.4f}",
+                        f"{r.startup:.4f}", f"{r.between:.4f}", f"{r.tail:.4f}",
+                        "" if r.e1 is None else f"{r.e1:.4f}",
+                        "" if r.e2 is None else f"{r.e2:.4f}",
+                        "" if r.total is None else f"{r.total:.4f}"])
+
+
+def compute(pilots: Sequence[PilotRecord], runs: Sequence[JobRun], now: float,
+            since: float | None = None, site: str | None = None) -> list[SiteDay]:
+    rows = site_days(pilots, runs, now)
+    first = None if since is None else datetime.fromtimestamp(since, UTC).strftime("%Y-%m-%d")
+    return [r for r in rows if (site is None or r.site == site)
+            and (first is None or r.day >= first)]
+
+
+def report(journal_path: str, now: float, since: float | None = None,
+           site: str | None = None, out: Path | None = None) -> tuple[str, list[Path]]:
+    """The printed text and the files written (none when there is nothing yet)."""
+    journal = Journal.open_existing(journal_path)
+    if journal is None:
+        return NOTHING, []
+    pilots = journal.pilots(since=since, site=site)
+    runs = journal.job_runs(since=since, site=site)
+    rows = compute(pilots, runs, now, since, site)
+    if not rows:
+        return NOTHING, []
+    written: list[Path] = []
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        write_csv(rows, out / "report.csv")
+        written.append(out / "report.csv")
+        try:
+            from provisioner.plots import plot_cores, plot_idle
+        except ImportError:  # matplotlib is optional (the `bench` extra)
+            pass
+        else:
+            written.append(plot_cores(pilots, runs, now, out / "cores.png"))
+            written.append(plot_idle(rows, out / "idle.png"))
+    return table(rows), written

@@ -1,0 +1,130 @@
+"""`provisioner status`: what a site admin reads at a glance, as data (`--json`) and text.
+
+`gather()` builds a plain dict with stable keys from one observation, the journal and
+the configuration; `render()` turns it into tables (bold and colour only for a tty).
+Keys: ``at``, ``pool`` {collector, provisioner_id, known}, ``sites`` [{name, known,
+error, circuit, pilots {state: {count, oldest_age_s}}, cores_allocated, cores_claimed,
+lead_time_p50_s {queue_wait, boot}, flagged}], ``demand`` [{cores, memory_mb,
+runtime_s, idle, sites}], ``unmatchable`` [{cores, memory_mb, idle, reason}],
+``flagged`` [pilot keys], ``last_cycle`` {at, age_s, summary, duration_s, actions} or null.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from provisioner.accounting import PilotRecord, percentile
+from provisioner.config import Config
+from provisioner.matching import match_demand
+from provisioner.metrics import cores_by_site
+from provisioner.model import Pilot, PilotState, Snapshot
+
+DAY_S = 86400.0
+
+
+def lead_p50(records: Sequence[PilotRecord], site: str, now: float) -> dict[str, float | None]:
+    """Median queue wait (submit -> start) and boot (start -> join) of the site's pilots
+    that started (joined) within the last day."""
+    waits = [r.start_at - r.submit_at for r in records if r.site == site
+             and r.start_at is not None and r.start_at >= now - DAY_S]
+    boots = [r.join_at - r.start_at for r in records if r.site == site
+             and r.join_at is not None and r.start_at is not None and r.join_at >= now - DAY_S]
+    return {"queue_wait": percentile(waits, 50), "boot": percentile(boots, 50)}
+
+
+def _age(p: Pilot, now: float) -> float:
+    since = p.started_at if p.started_at is not None else p.submitted_at
+    return max(0.0, now - since)
+
+
+def gather(config: Config, snap: Snapshot, now: float, breakers: Mapping[str, str],
+           flagged: Mapping[str, float], records: Sequence[PilotRecord],
+           last: Mapping[str, Any] | None) -> dict[str, Any]:
+    cores = cores_by_site(snap.pilots, config.site_names)
+    sites = []
+    for view in snap.sites:
+        mine = [p for p in snap.pilots if p.site == view.name]
+        states: dict[str, dict[str, float | int]] = {}
+        for state in PilotState:
+            these = [p for p in mine if p.state is state]
+            if these:
+                states[state.value] = {"count": len(these),
+                                       "oldest_age_s": round(max(_age(p, now) for p in these))}
+        sites.append({
+            "name": view.name, "known": view.known, "error": view.error,
+            "circuit": breakers.get(view.name, "closed"), "pilots": states,
+            "cores_allocated": cores[view.name].allocated,
+            "cores_claimed": cores[view.name].claimed,
+            "lead_time_p50_s": lead_p50(records, view.name, now),
+            "flagged": sorted(p.key for p in mine if p.key in flagged)})
+    rows, unmatchable = match_demand(snap.demand, config.sites) if snap.pool_known else ([], [])
+    demand = sorted(({"cores": r.shape.cpus, "memory_mb": r.shape.memory_mb,
+                      "runtime_s": r.shape.runtime_s, "idle": r.jobs, "sites": list(r.sites)}
+                     for r in rows), key=lambda d: (-int(d["idle"]), d["cores"]))
+    last_cycle = None
+    if last:
+        timings = last.get("timings") or {}
+        last_cycle = {"at": last.get("at"), "age_s": round(now - float(last.get("at", now))),
+                      "summary": last.get("summary", ""),
+                      "duration_s": round(sum(float(v) for v in timings.values()), 3),
+                      "actions": [list(a) for a in last.get("actions", [])]}
+    return {
+        "at": now,
+        "pool": {"collector": config.pool.collector,
+                 "provisioner_id": config.pool.provisioner_id, "known": snap.pool_known},
+        "sites": sites, "demand": demand,
+        "unmatchable": [{"cores": u.shape.cpus, "memory_mb": u.shape.memory_mb,
+                         "idle": u.idle, "reason": u.reason} for u in unmatchable],
+        "flagged": sorted(flagged), "last_cycle": last_cycle}
+
+
+def _table(rows: list[list[str]], header: list[str]) -> list[str]:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    fmt = lambda r: "  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True))  # noqa: E731
+    return [fmt(header), fmt(["-" * w for w in widths]), *map(fmt, rows)]
+
+
+def _dur(s: float | None) -> str:
+    if s is None:
+        return "-"
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min" if s < 7200 else f"{s / 3600:.1f} h"
+
+
+def render(st: Mapping[str, Any], tty: bool = False) -> str:
+    bold = (lambda t: f"\033[1m{t}\033[0m") if tty else (lambda t: t)
+    red = (lambda t: f"\033[31m{t}\033[0m") if tty else (lambda t: t)
+    pool = st["pool"]
+    out = [bold(f"Pool {pool['collector']} (provisioner id {pool['provisioner_id']})")]
+    if not pool["known"]:
+        out.append(red("  pool: UNKNOWN (schedd or collector unreadable)"))
+    for s in st["sites"]:
+        head = f"\nSite {s['name']}: " + ("ok" if s["known"] else red(f"UNKNOWN ({s['error']})"))
+        circuit = s["circuit"]
+        head += "; circuit " + (circuit if circuit.startswith("closed") else red(circuit))
+        out.append(bold(head) if s["known"] else head)
+        lead = s["lead_time_p50_s"]
+        out.append(f"  cores allocated {s['cores_allocated']}, claimed {s['cores_claimed']}; "
+                   f"lead time p50 (last day): queue wait {_dur(lead['queue_wait'])}, "
+                   f"boot {_dur(lead['boot'])}")
+        rows = [[state, str(v["count"]), _dur(v["oldest_age_s"])]
+                for state, v in s["pilots"].items()]
+        out += _table(rows, ["state", "pilots", "oldest"]) if rows else ["  no pilots"]
+        if s["flagged"]:
+            out.append("  flagged (released next cycle if still idle): " + ", ".join(s["flagged"]))
+    out.append(bold("\nIdle demand by job shape:"))
+    rows = [[str(d["cores"]), str(d["memory_mb"]), str(d["runtime_s"] or "-"), str(d["idle"]),
+             ",".join(d["sites"])] for d in st["demand"]]
+    out += _table(rows, ["cores", "memory MB", "runtime s", "idle jobs", "fits sites"]) \
+        if rows else ["  no matchable idle jobs"]
+    if st["unmatchable"]:
+        out.append(bold("\nUnmatchable (no site can run them):"))
+        out += [red(f"  {u['idle']} job(s) {u['cores']} cores/{u['memory_mb']} MB: "
+                    f"{u['reason']}") for u in st["unmatchable"]]
+    last = st["last_cycle"]
+    if last:
+        out.append(bold(f"\nLast cycle {_dur(last['age_s'])} ago, took "
+                        f"{last['duration_s']:.2f} s:"))
+        out += [f"  {text}: {outcome}" for text, outcome in last["actions"]] or \
+            ["  no actions"]
+    return "\n".join(out)
