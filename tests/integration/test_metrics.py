@@ -1,0 +1,113 @@
+"""What the allocation bought, checked against the real daemons: the service's
+Prometheus series as the testbed's Prometheus server scraped them, and the
+accounting report of a scripted run whose answer is known in advance (two 1-core
+jobs that keep a core busy for 40 s each, at the GSI site)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sqlite3
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import htcondor2 as htcondor
+from conftest import run
+from servicectl import Service, SiteWatch, service_dir, write_config
+from test_loop import (
+    all_pilot_jobs,
+    assert_clean_completion,
+    clean_pool,
+    jobs_left,
+    submit_script,
+    wait_for,
+)
+
+PROMETHEUS = "http://127.0.0.1:9090"
+BUSY_S = 40
+BUSY = (f"end=$(( $(date +%s) + {BUSY_S} ))\n"
+        "while [ \"$(date +%s)\" -lt \"$end\" ]; do :; done\necho job-$1-ok\n")
+AT_GSI = 'requirements = PilotSite == "gsi"\n+DesiredSites = "gsi"\n'
+
+
+def query(expr: str) -> dict[str, float]:
+    """Instant query: {label set as text: value}."""
+    url = f"{PROMETHEUS}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        body = json.load(resp)
+    assert body["status"] == "success", body
+    return {json.dumps(r["metric"], sort_keys=True): float(r["value"][1])
+            for r in body["data"]["result"]}
+
+
+def total(expr: str) -> float:
+    return sum(query(expr).values())
+
+
+def test_metrics_in_prometheus_and_a_report_with_a_known_answer(tmp_path: Path) -> None:
+    clean_pool()
+    directory = service_dir()
+    svc = Service(write_config(directory), tmp_path / "service.log")
+    journal = directory / "journal.sqlite"
+    svc.start()
+    try:
+        with SiteWatch() as watch:
+            cluster = submit_script("acct", BUSY, 2, AT_GSI)
+            wait_for("both jobs done", lambda: jobs_left(cluster) == 0, 300, step=2)
+            wait_for("the pilots gone", lambda: not any(all_pilot_jobs().values()), 180)
+        assert_clean_completion("acct", 2)
+        pilots = sorted(watch.seen["gsi"])
+        assert pilots and not watch.seen["frankfurt"]
+
+        # Prometheus scraped the service (every 5 s): the counters say what happened.
+        def scraped() -> bool:
+            return total('provisioner_pilots_submitted_total{site="gsi"}') == len(pilots) \
+                and total("provisioner_pilots") == 0
+        wait_for("the scrape after the run", scraped, 60, step=2)
+        assert total('provisioner_pilots_released_total{site="gsi"}') \
+            + total('provisioner_pilots_cancelled_total{site="gsi"}') >= 1
+        assert total('provisioner_cycle_phase_seconds_count{phase="observe"}') > 0
+        assert total('provisioner_pilot_boot_seconds_count{site="gsi"}') >= 1
+        assert total("provisioner_pool_known") == 1
+        assert total('up{job="provisioner"}') == 1
+
+        # The journal: each pilot's SLURM life (its end seen when it left squeue) and
+        # both job runs from the schedd's history.
+        def recorded() -> bool:
+            with sqlite3.connect(journal) as db:
+                ended = db.execute("SELECT count(*) FROM pilots WHERE site = 'gsi' AND "
+                                   "end_at IS NOT NULL").fetchone()[0]
+                runs = db.execute("SELECT count(*) FROM job_runs").fetchone()[0]
+            return ended == len(pilots) and runs == 2
+        wait_for("pilot ends and job runs in the journal", recorded, 60, step=2)
+    finally:
+        svc.stop()
+        print(f"--- service log ---\n{svc.text()}")
+
+    out = tmp_path / "report"
+    text = run(["provisioner", "report", "--journal", str(journal), "--site", "gsi",
+                "--out", str(out)]).stdout
+    assert "gsi" in text, text
+    rows = list(csv.DictReader((out / "report.csv").open()))
+    assert rows and {r["site"] for r in rows} == {"gsi"}
+    claimed = sum(float(r["claimed_core_h"]) for r in rows) * 3600
+    allocated = sum(float(r["allocated_core_h"]) for r in rows) * 3600
+    # The known answer: 2 jobs x 1 core x 40 s of work, plus each job's start-up.
+    assert 2 * BUSY_S <= claimed <= 2 * (BUSY_S + 10), (claimed, text)
+    # And exactly what HTCondor says the jobs used.
+    hist = htcondor.Schedd().history(constraint=f"ClusterId == {cluster}",
+                                     projection=["RemoteWallClockTime", "RequestCpus"])
+    condor = sum(float(ad["RemoteWallClockTime"]) * int(ad["RequestCpus"]) for ad in hist)
+    assert abs(claimed - condor) <= 0.02 * condor + 2, (claimed, condor)
+    # Allocated: the pilots' cores for their SLURM lives, which hold the jobs.
+    with sqlite3.connect(journal) as db:
+        lives = db.execute("SELECT cores, start_at, end_at FROM pilots WHERE site = 'gsi'"
+                           ).fetchall()
+    assert allocated >= claimed
+    assert abs(allocated - sum(c * (e - s) for c, s, e in lives)) <= 1, (allocated, lives)
+    e2 = [float(r["e2_cpu"]) for r in rows if r["e2_cpu"]]
+    assert e2 and min(e2) > 0.8, rows  # the jobs kept their core busy
+    for png in out.glob("*.png"):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000
+    assert len(list(out.glob("*.png"))) >= 2
