@@ -1,12 +1,13 @@
 """`make demo`: the whole story on the local mini-grid, in a few minutes.
 
 alice submits a mix of jobs with plain condor_submit that read data from GSI's
-storage (at Frankfurt through the site's XCache, by prefixing the path with the
-$XCACHE the pilot provides); the provisioner runs its loop with a
+storage with a plain root:// URL (at Frankfurt the pilot sends it through the
+site's XCache); the provisioner runs its loop with a
 short interval, pilots start at both SLURM sites, their startds join through
 CCB from inside Apptainer, the jobs run, and once the queue is empty the pilots
 are flagged, then released. Ends when every job is done and no pilot is left;
-prints the latency breakdown of the first job. Runs inside the testbed as root.
+prints the latency breakdown of the first job and what the allocation bought
+(`provisioner report` of the run). Runs inside the testbed as root.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import htcondor2 as htcondor
 
 from provisioner.condor import PoolUnreachable
 from provisioner.config import load_config
+from provisioner.report import report
 from provisioner.service import Provisioner, summary_line
 from provisioner.sites.base import BackendError
 
@@ -37,11 +39,12 @@ TIMEOUT_S = 600
 DATA_URL = "root://gsi-storage:1094//data/small.dat"
 
 READER = """#!/bin/sh
-# Read the input (through the site's XCache where the pilot names one), check it.
+# Read the input with its plain URL, check it. Where the site has a cache, the
+# pilot's XRootD client plugin sends the read through it.
 set -e
 url=$1
 via="directly from the origin"
-if [ -n "${XCACHE:-}" ]; then url="$XCACHE//$1"; via="through XCache $XCACHE"; fi
+if [ -n "${XROOT_PROXY:-}" ]; then via="through XCache $XCACHE"; fi
 xrdcp -s -f "$url" input.dat
 echo "$(sha256sum input.dat | cut -d' ' -f1) read $via on $(hostname)"
 sleep "$2"
@@ -102,16 +105,18 @@ def main() -> int:
     config = load_config(CONFIG)
     # The service's identity; root reads it from its own copy of the token
     # (HTCondor reads a token only from a file its reader owns). Its journal is
-    # kept in memory: a root-owned journal file would lock the service out of it.
-    config = config.model_copy(update={"journal": "", "pool": config.pool.model_copy(
+    # the demo's own (a root-owned file in the service's directory would lock the
+    # service out of it).
+    shutil.rmtree(WORK, ignore_errors=True)
+    (WORK / "out").mkdir(parents=True)
+    journal = WORK / "journal.sqlite"
+    config = config.model_copy(update={"journal": str(journal), "pool": config.pool.model_copy(
         update={"token_file": ROOT_TOKEN})})
     prov = Provisioner(config)  # from here on, the bindings read as the provisioner
     if any(pilot_jobs().values()) or htcondor.Schedd().query(projection=["ClusterId"]):
         print("demo: the testbed is busy (jobs or pilots left from earlier); "
               "run `make clean-testbed` and try again", file=sys.stderr)
         return 1
-    shutil.rmtree(WORK, ignore_errors=True)
-    (WORK / "out").mkdir(parents=True)
     (WORK / "reader.sh").write_text(READER)
     (WORK / "reader.sh").chmod(0o755)
     (WORK / "demo.sub").write_text(SUBMIT.format(work=WORK, url=DATA_URL))
@@ -168,6 +173,13 @@ def main() -> int:
               "(start delay, container, daemons, CCB registration)")
         print(f"     negotiation          {max(0.0, first_run - first_ad):5.1f} s  "
               "(ad in collector -> job executing)")
+    # One more cycle records the pilots' ends (they just left squeue).
+    prov.run_cycle("demo end")
+    text, written = report(str(journal), time.time(), out=WORK / "report")
+    print("== what the allocation bought (provisioner report --journal "
+          f"{journal}):\n{text}")
+    for path in written:
+        print(f"   wrote {path}")
     ok = good == njobs and codes["005"] == njobs and not (codes["004"] or codes["009"])
     print("demo: OK" if ok else "demo: FAILED", flush=True)
     return 0 if ok else 1
