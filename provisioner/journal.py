@@ -10,10 +10,11 @@ an older version is upgraded in place when opened; one of a newer version is ref
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,7 @@ class Journal:
         if path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(path or ":memory:", check_same_thread=False)
+        self._depth = 0  # open batch() blocks: their writes are committed at the end
         self._upgrade()
         if path:
             Path(path).chmod(0o600)
@@ -103,6 +105,22 @@ class Journal:
         if version < SCHEMA_VERSION:
             self.put("schema_version", SCHEMA_VERSION)
 
+    def _commit(self) -> None:
+        if self._depth == 0:
+            self.db.commit()
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """The writes in the block are committed together when it ends (a cycle's
+        records cost one commit, not one each); nested blocks commit with the outer."""
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if self._depth == 0:
+                self.db.commit()
+
     # --- audit trail -----------------------------------------------------
     def cycle(self, reason: str, summary: str, timings: Mapping[str, float]) -> int:
         cur = self.db.execute(
@@ -110,7 +128,7 @@ class Journal:
             "VALUES (?, ?, ?, ?, ?, ?)",
             (time.time(), reason, summary, timings.get("observe", 0.0),
              timings.get("plan", 0.0), timings.get("act", 0.0)))
-        self.db.commit()
+        self._commit()
         return int(cur.lastrowid or 0)
 
     def action(self, cycle: int, kind: str, site: str, job_id: str, detail: str,
@@ -119,12 +137,12 @@ class Journal:
             "INSERT INTO actions (cycle, at, kind, site, job_id, detail, outcome) "
             "VALUES (?, ?, ?, ?, ?, ?, ?)",
             (cycle, time.time(), kind, site, job_id, detail, outcome))
-        self.db.commit()
+        self._commit()
 
     def put(self, key: str, value: Any) -> None:
         self.db.execute("INSERT OR REPLACE INTO state (key, value) VALUES (?, ?)",
                         (key, json.dumps(value)))
-        self.db.commit()
+        self._commit()
 
     def get(self, key: str, default: Any = None) -> Any:
         row = self.db.execute("SELECT value FROM state WHERE key = ?", (key,)).fetchone()
@@ -170,7 +188,7 @@ class Journal:
             self.db.execute("UPDATE pilots SET end_at = ?, end_source = 'squeue-gone' "
                             "WHERE site = ? AND job_id = ?", (now, site, job_id))
             events.ended.extend(self.pilots(site=site, job_id=job_id))
-        self.db.commit()
+        self._commit()
         return events
 
     def pilots(self, since: float | None = None, site: str | None = None,
@@ -200,7 +218,7 @@ class Journal:
             "start_at, join_at, end_at, end_source) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [(r.site, r.job_id, r.cores, r.memory_mb, r.submit_at, r.start_at, r.join_at,
               r.end_at, source if r.end_at is not None else None) for r in records])
-        self.db.commit()
+        self._commit()
 
     def add_job_runs(self, runs: Iterable[JobRun]) -> int:
         """Store finished runs (a run seen twice is kept once); returns how many were new."""
@@ -209,7 +227,7 @@ class Journal:
             "cores, end_at, wall_s, cpu_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [(r.job_id, r.start_at, r.owner, r.site, r.pilot_job_id, r.cores, r.end_at,
               r.wall_s, r.cpu_s) for r in runs])
-        self.db.commit()
+        self._commit()
         return int(cur.rowcount or 0)
 
     def job_runs(self, since: float | None = None, site: str | None = None) -> list[JobRun]:

@@ -313,27 +313,33 @@ class Provisioner:
         line = summary_line(cycle)
         log.info("cycle %d (%s): %s", self.cycles, reason, line)
         if not dry_run:
-            self.ledger.explain_unmatchable(obs.snapshot.pool_known, result.unmatchable)
-            self.ledger.account(obs.jobs, frozenset(obs.ads), obs.snapshot.pool_known, now)
-            self.metrics.cycle(
-                now=now, timings=cycle.timings, sites=self.config.sites,
-                pool_known=obs.snapshot.pool_known, demand=obs.snapshot.demand,
-                unmatchable=result.unmatchable, pilots=obs.snapshot.pilots,
-                circuit=circuit_codes(self.controller.breakers.states, now),
-                known_sites=[v.name for v in obs.snapshot.sites if v.known])
-            cid = self.journal.cycle(reason, line, cycle.timings)
-            for text, outcome in cycle.outcomes:
-                kind = text.split(" ", 1)[0]
-                site, job_id = action_target(text)
-                self.journal.action(cid, kind, site, job_id, text, outcome)
-            self.journal.put("flagged", self.flagged)
-            self.journal.put("controller", self.controller.state())
-            self.journal.put("breakers", self.controller.breakers.snapshot(now))
-            self.journal.put("last_cycle", {
-                "at": now, "summary": line, "timings": cycle.timings,
-                "actions": [[text, outcome] for text, outcome in cycle.outcomes]})
+            with self.journal.batch():
+                self._record(cycle, result, line, now, reason)
         return cycle
 
+    def _record(self, cycle: CycleResult, result: Plan, line: str, now: float,
+                reason: str) -> None:
+        """The cycle into the journal (one commit), the accounting and the metrics."""
+        obs = cycle.observation
+        self.ledger.explain_unmatchable(obs.snapshot.pool_known, result.unmatchable)
+        self.ledger.account(obs.jobs, frozenset(obs.ads), obs.snapshot.pool_known, now)
+        self.metrics.cycle(
+            now=now, timings=cycle.timings, sites=self.config.sites,
+            pool_known=obs.snapshot.pool_known, demand=obs.snapshot.demand,
+            unmatchable=result.unmatchable, pilots=obs.snapshot.pilots,
+            circuit=circuit_codes(self.controller.breakers.states, now),
+            known_sites=[v.name for v in obs.snapshot.sites if v.known])
+        cid = self.journal.cycle(reason, line, cycle.timings)
+        for text, outcome in cycle.outcomes:
+            kind = text.split(" ", 1)[0]
+            site, job_id = action_target(text)
+            self.journal.action(cid, kind, site, job_id, text, outcome)
+        self.journal.put("flagged", self.flagged)
+        self.journal.put("controller", self.controller.state())
+        self.journal.put("breakers", self.controller.breakers.snapshot(now))
+        self.journal.put("last_cycle", {
+            "at": now, "summary": line, "timings": cycle.timings,
+            "actions": [[text, outcome] for text, outcome in cycle.outcomes]})
 
     def tick(self) -> CycleResult | None:
         """The cheap check; runs a full cycle when cadence says one is due."""

@@ -71,3 +71,25 @@ def test_job_runs_are_kept_once() -> None:
     r = JobRun("3.0", "alice", "gsi", "7", 2, 100.0, 200.0, 150.0)
     assert j.add_job_runs([r, r]) == 1 and j.add_job_runs([r]) == 0
     assert j.job_runs() == [r] and j.job_runs(since=250.0) == []
+
+
+def test_a_batch_commits_once_at_its_end(tmp_path: Path) -> None:
+    """A cycle's records land together: another reader sees none of them before the
+    block ends, and all of them after."""
+    path = tmp_path / "j.sqlite"
+    journal = Journal(str(path))
+    reader = sqlite3.connect(path)
+
+    def cycles() -> int:
+        return int(reader.execute("SELECT count(*) FROM cycles").fetchone()[0])
+
+    with journal.batch():
+        cid = journal.cycle("test", "line", {})
+        journal.action(cid, "submit", "gsi", "", "submit 1 at gsi", "ok")
+        with journal.batch():  # nested: commits with the outer block
+            journal.put("k", 1)
+        assert cycles() == 0
+    assert cycles() == 1
+    assert reader.execute("SELECT value FROM state WHERE key = 'k'").fetchone() == ("1",)
+    journal.cycle("test", "line", {})  # outside a batch: at once
+    assert cycles() == 2
