@@ -26,8 +26,9 @@ from test_loop import (
 
 PROMETHEUS = "http://127.0.0.1:9090"
 BUSY_S = 40
-BUSY = (f"end=$(( $(date +%s) + {BUSY_S} ))\n"
-        "while [ \"$(date +%s)\" -lt \"$end\" ]; do :; done\necho job-$1-ok\n")
+# One process spinning on its core for BUSY_S seconds (no child per iteration: the
+# CPU time of short-lived children is not what a payload's efficiency measures).
+BUSY = (f"timeout {BUSY_S} sh -c 'while :; do :; done' || true\necho job-$1-ok\n")
 AT_GSI = 'requirements = PilotSite == "gsi"\n+DesiredSites = "gsi"\n'
 
 
@@ -78,7 +79,9 @@ def test_metrics_in_prometheus_and_a_report_with_a_known_answer(tmp_path: Path) 
             with sqlite3.connect(journal) as db:
                 ended = db.execute("SELECT count(*) FROM pilots WHERE site = 'gsi' AND "
                                    "end_at IS NOT NULL").fetchone()[0]
-                runs = db.execute("SELECT count(*) FROM job_runs").fetchone()[0]
+                # (a new journal also reads the last day of history: earlier tests' jobs)
+                runs = db.execute("SELECT count(*) FROM job_runs WHERE job_id LIKE ?",
+                                  (f"{cluster}.%",)).fetchone()[0]
             return ended == len(pilots) and runs == 2
         wait_for("pilot ends and job runs in the journal", recorded, 60, step=2)
     finally:
@@ -96,9 +99,11 @@ def test_metrics_in_prometheus_and_a_report_with_a_known_answer(tmp_path: Path) 
     # The known answer: 2 jobs x 1 core x 40 s of work, plus each job's start-up.
     assert 2 * BUSY_S <= claimed <= 2 * (BUSY_S + 10), (claimed, text)
     # And exactly what HTCondor says the jobs used.
-    hist = htcondor.Schedd().history(constraint=f"ClusterId == {cluster}",
-                                     projection=["RemoteWallClockTime", "RequestCpus"])
+    hist = list(htcondor.Schedd().history(
+        constraint=f"ClusterId == {cluster}",
+        projection=["RemoteWallClockTime", "RequestCpus", "RemoteUserCpu", "RemoteSysCpu"]))
     condor = sum(float(ad["RemoteWallClockTime"]) * int(ad["RequestCpus"]) for ad in hist)
+    condor_cpu = sum(float(ad["RemoteUserCpu"]) + float(ad["RemoteSysCpu"]) for ad in hist)
     assert abs(claimed - condor) <= 0.02 * condor + 2, (claimed, condor)
     # Allocated: the pilots' cores for their SLURM lives, which hold the jobs.
     with sqlite3.connect(journal) as db:
@@ -106,8 +111,11 @@ def test_metrics_in_prometheus_and_a_report_with_a_known_answer(tmp_path: Path) 
                            ).fetchall()
     assert allocated >= claimed
     assert abs(allocated - sum(c * (e - s) for c, s, e in lives)) <= 1, (allocated, lives)
+    # E2: the CPU time HTCondor measured over the wall time it measured. The jobs
+    # spin, but share this machine's cores with the testbed: well above idle.
     e2 = [float(r["e2_cpu"]) for r in rows if r["e2_cpu"]]
-    assert e2 and min(e2) > 0.8, rows  # the jobs kept their core busy
+    assert len(e2) == 1 and abs(e2[0] - condor_cpu / condor) <= 0.02, (rows, condor_cpu)
+    assert e2[0] > 0.3, rows
     for png in out.glob("*.png"):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000
     assert len(list(out.glob("*.png"))) >= 2
