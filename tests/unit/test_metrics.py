@@ -20,18 +20,13 @@ from provisioner.model import Demand, JobShape
 from provisioner.service import Provisioner
 from provisioner.sites.base import SiteJob, SiteJobState, Unreachable
 from tests.unit.fakes import Clock, FakeBackend, FakePool
-from tests.unit.test_service_act import CONFIG, idle_ad
+from tests.unit.test_service_act import CONFIG, idle_ad, make_world
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def make() -> tuple[Provisioner, FakePool, dict[str, FakeBackend], Clock]:
-    pool = FakePool()
-    backends = {"gsi": FakeBackend("gsi"), "fra": FakeBackend("fra")}
-    clock = Clock()
-    prov = Provisioner(parse_config(CONFIG, "t.yaml"), pool=pool,  # type: ignore[arg-type]
-                       backends=backends, journal=Journal(""), clock=clock)  # type: ignore[arg-type]
-    return prov, pool, backends, clock
+    return make_world()
 
 
 def value(prov: Provisioner, name: str, **labels: str) -> float | None:

@@ -44,6 +44,11 @@ def running_job(job_id: str) -> SiteJob:
 
 @pytest.fixture
 def world() -> tuple[Provisioner, FakePool, dict[str, FakeBackend], Clock]:
+    return make_world()
+
+
+def make_world() -> tuple[Provisioner, FakePool, dict[str, FakeBackend], Clock]:
+    """A Provisioner over fake sites gsi and fra, a fake pool and a settable clock."""
     pool = FakePool()
     backends = {"gsi": FakeBackend("gsi"), "fra": FakeBackend("fra")}
     clock = Clock()
