@@ -15,10 +15,22 @@ import matplotlib.pyplot as plt
 from provisioner.accounting import JobRun, PilotRecord, SiteDay, core_timeline
 
 
+def plot_step(pilots: Sequence[PilotRecord], now: float, points: int = 400) -> float:
+    """Sampling step for the cores plot: about `points` samples over the pilots' span,
+    between 1 s (a minute-long run still shows its jobs) and 300 s (days stay light)."""
+    starts = [p.start_at for p in pilots if p.start_at is not None]
+    if not starts:
+        return 300.0
+    ends = [p.end_at if p.end_at is not None else now for p in pilots]
+    return min(300.0, max(1.0, (max(ends) - min(starts)) / points))
+
+
 def plot_cores(pilots: Sequence[PilotRecord], runs: Sequence[JobRun], now: float,
                path: Path) -> Path:
     """Allocated vs claimed cores over time, one panel per site."""
-    lines = core_timeline(pilots, runs, now, step_s=300.0)
+    step = plot_step(pilots, now)
+    lines = core_timeline(pilots, runs, now, step_s=step)
+    fmt = "%m-%d %H:%M" if step >= 10 else "%H:%M:%S"  # a short run shows its seconds
     fig, axes = plt.subplots(max(1, len(lines)), 1, figsize=(10, 3 * max(1, len(lines))),
                              sharex=True, squeeze=False)
     for ax, (site, points) in zip(axes[:, 0], lines.items(), strict=False):
@@ -29,7 +41,7 @@ def plot_cores(pilots: Sequence[PilotRecord], runs: Sequence[JobRun], now: float
         ax.set_title(f"{site}: allocated vs claimed cores")
         ax.set_ylabel("cores")
         ax.legend(loc="upper right")
-        ax.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d %H:%M"))
+        ax.xaxis.set_major_formatter(mdates.DateFormatter(fmt))
     axes[-1, 0].set_xlabel("time (UTC)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)

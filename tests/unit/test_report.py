@@ -112,3 +112,14 @@ def test_status_command_text_and_json_without_creating_a_journal(
     assert not journal.exists()
     assert cli.cmd_status(cfg, as_json=False) == 0
     assert "Idle demand by job shape" in capsys.readouterr().out
+
+
+def test_the_cores_plot_samples_a_short_run_finely_and_a_long_one_coarsely() -> None:
+    from provisioner.accounting import PilotRecord
+    from provisioner.plots import plot_step
+
+    short = [PilotRecord("gsi", "1", 4, 0.0, 10.0, 60.0)]
+    long = [PilotRecord("gsi", "1", 4, 0.0, 0.0, 2 * 86400.0)]
+    assert plot_step(short, 100.0) == 1.0  # a one-minute run: every second
+    assert plot_step(long, 3 * 86400.0) == 300.0
+    assert plot_step([PilotRecord("gsi", "1", 4, 0.0, None, None)], 50.0) == 300.0
