@@ -7,7 +7,7 @@ TESTBED := deploy/testbed/testbed
 # Run pytest, treating "no tests collected" (exit 5) as the failure it is.
 PYTEST_STRICT = rc=0; $(1) || rc=$$?; if [ $$rc -eq 5 ]; then echo "error: no tests collected by: $(1)" >&2; exit 1; fi; exit $$rc
 
-.PHONY: test unit integration lint bench bench-overhead bench-report bench-scale demo testbed testbed-status clean-testbed venv
+.PHONY: test unit integration lint bench bench-overhead bench-report bench-scale demo campaign testbed testbed-status clean-testbed venv
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -54,3 +54,15 @@ clean-testbed:
 
 demo: testbed
 	$(TESTBED) exec -- python /src/deploy/testbed/demo.py
+
+# A benchmark campaign in the testbed (default: every cache mode, 1 and 2 clients):
+# deploy/testbed/campaign.py runs the provisioner service and the campaign as alice;
+# the results land in build/campaigns/$(CAMPAIGN), rendered again here (plots need
+# matplotlib, which the host's venv has). CAMPAIGN=fio-seq runs the fio campaign.
+CAMPAIGN ?= cache-modes
+campaign: testbed venv
+	@rc=0; $(TESTBED) exec -- python /src/deploy/testbed/campaign.py \
+		/src/deploy/testbed/campaigns/$(CAMPAIGN).yaml || rc=$$?; \
+	if [ -d build/campaigns/$(CAMPAIGN) ]; then \
+		$(VENV)/bin/provisioner campaign report build/campaigns/$(CAMPAIGN) >/dev/null && \
+		echo "report: build/campaigns/$(CAMPAIGN)/report.md"; fi; exit $$rc

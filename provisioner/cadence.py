@@ -46,9 +46,12 @@ def cycle_due(now: float, probe: Probe, last: CycleMark | None, policy: PolicyCo
     last cycle saw idle that is no longer idle (a job took it) also makes a cycle due, so
     the reserve is topped up a cycle after it is drawn on, not when the queue grows.
 
-    Checks run on a timer, so one may come a few milliseconds short of a period after the
-    cycle it follows: periods count as passed within `SLACK` of their length (a flag is
-    confirmed by the next quick check, not the one after).
+    Checks run on a timer, and the cycle's time is read when its check began, a few
+    milliseconds after the timer fired: the next check may come that much short of a period
+    after the cycle it follows. Every period - the interval, `min_cycle_gap_s` and
+    `quick_check_s` - counts as passed within `SLACK` of a quick check (a flag is confirmed
+    by the next quick check, not the one after, also when `min_cycle_gap_s` equals
+    `quick_check_s`).
     """
     if last is None:
         return "first cycle"
@@ -56,7 +59,7 @@ def cycle_due(now: float, probe: Probe, last: CycleMark | None, policy: PolicyCo
     slack = SLACK * policy.quick_check_s
     if since >= policy.interval_s - slack:
         return "interval"
-    if since < policy.min_cycle_gap_s:
+    if since < policy.min_cycle_gap_s - slack:
         return ""
     if probe.idle_jobs > last.idle_jobs:
         return "idle jobs rose"

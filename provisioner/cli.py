@@ -1,4 +1,4 @@
-"""`provisioner run | once | status | report | check-config`."""
+"""`provisioner run | once | status | report | check-config | xcache-url | bench | campaign`."""
 
 from __future__ import annotations
 
@@ -124,6 +124,11 @@ def cmd_xcache_url(config: Config, site: str, urls: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["campaign"]:  # its own parser (argparse.REMAINDER drops a leading -h)
+        from provisioner.campaign.command import main as campaign_main
+
+        return campaign_main(argv[1:])
     parser = argparse.ArgumentParser(prog="provisioner",
                                      description="HTCondor pilots on SLURM sites, on demand.")
     parser.add_argument("-c", "--config", default=os.environ.get("PROVISIONER_CONFIG",
@@ -153,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     bench = sub.add_parser("bench", help="benchmarks; `bench read --help` (no configuration "
                            "needed)", add_help=False)
     bench.add_argument("args", nargs=argparse.REMAINDER)
+    campaign = sub.add_parser("campaign", help="benchmark campaigns: `campaign run FILE.yaml`, "
+                              "`campaign report DIR` (needs a running service)", add_help=False)
+    campaign.add_argument("args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -164,6 +172,10 @@ def main(argv: list[str] | None = None) -> int:
         if not args.args or args.args[0] != "read":
             _fail(["bench: the only benchmark is `read` (provisioner bench read --help)"])
         return benchread.main(args.args[1:])
+    if args.command == "campaign":
+        from provisioner.campaign.command import main as campaign_main
+
+        return campaign_main(args.args)  # after global options: provisioner -v campaign ...
     if args.command == "report" and args.journal:
         return cmd_report(args.journal, args.since, args.site, args.out)
     config = _load(args.config)

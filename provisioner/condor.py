@@ -22,8 +22,13 @@ from provisioner.model import Demand, JobShape
 
 log = logging.getLogger(__name__)
 
+#: Job attributes a Requirements expression commonly reads besides the requests; their
+#: values go with the shape, so a site's pilot is matched as the negotiator would
+#: (`provisioner.prototype`).
+MATCH_JOB_ATTRS = ("FileSystemDomain", "UidDomain", "WantContainer", "ContainerImage",
+                   "WantDocker", "DockerImage", "SingularityImage", "JobUniverse")
 JOB_ATTRS = ["JobStatus", "RemoteHost", "QDate", "RequestCpus", "RequestMemory", "RequestDisk",
-             "RequestGPUs", "MaxRuntime", "DesiredSites"]
+             "RequestGPUs", "MaxRuntime", "DesiredSites", "Requirements", *MATCH_JOB_ATTRS]
 SLOT_ATTRS = ["Name", "Machine", "PilotSite", "PilotSlurmJobId",
               "PilotWalltimeEnd", "PartitionableSlot", "DynamicSlot", "State", "Activity",
               "Cpus", "Memory", "GPUs", "TotalSlotCpus", "TotalSlotMemory", "Draining",
@@ -99,10 +104,41 @@ def _str(ad: Any, attr: str) -> str:
     return value if isinstance(value, str) else ""
 
 
+def _text(ad: Any, attr: str) -> str:
+    """The expression of `attr` as ClassAd text ("" if absent)."""
+    try:
+        value = ad[attr]
+    except (KeyError, ValueError, TypeError, RuntimeError):
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return "" if value is None else str(value)
+
+
+#: Requirements text -> the MATCH_JOB_ATTRS it names (cleared when it grows large).
+_READS: dict[str, tuple[str, ...]] = {}
+
+
+def _reads(requirements: str) -> tuple[str, ...]:
+    reads = _READS.get(requirements)
+    if reads is None:
+        low = requirements.lower()
+        reads = tuple(a for a in MATCH_JOB_ATTRS if a.lower() in low)
+        if len(_READS) > 10_000:
+            _READS.clear()
+        _READS[requirements] = reads
+    return reads
+
+
 def shape_of(ad: Any) -> JobShape:
-    """The shape of one job ad (expressions evaluated as the schedd would)."""
+    """The shape of one job ad (expressions evaluated as the schedd would), with its
+    Requirements text and the values of the job attributes that text names."""
     runtime = _int(ad, "MaxRuntime", 0)
     sites = tuple(s.strip() for s in _str(ad, "DesiredSites").split(",") if s.strip())
+    requirements = _text(ad, "Requirements")
+    attrs = tuple((a, _text(ad, a)) for a in _reads(requirements)) if requirements else ()
     return JobShape(
         cpus=max(1, _int(ad, "RequestCpus", 1)),
         memory_mb=max(0, _int(ad, "RequestMemory", 0)),
@@ -110,6 +146,8 @@ def shape_of(ad: Any) -> JobShape:
         gpus=max(0, _int(ad, "RequestGPUs", 0)),
         runtime_s=runtime if runtime > 0 else None,
         desired_sites=tuple(sorted(sites)),
+        requirements=requirements,
+        match_attrs=tuple((a, v) for a, v in attrs if v),
     )
 
 

@@ -8,6 +8,7 @@ and the offending value, plus the YAML line when it can be found.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -140,6 +141,8 @@ class PolicyConfig(_Model):
     interval_s: float = Field(default=300, gt=0)
     #: The cheap check between cycles; at most interval_s.
     quick_check_s: float = Field(default=20, gt=0)
+    #: No two cycles closer than this, less a tenth of a quick check (timer slack,
+    #: `provisioner.cadence.SLACK`), except when the interval has passed.
     min_cycle_gap_s: float = Field(default=10, ge=0)
     idle_release_cycles: int = Field(default=2, ge=1)
     min_pilot_lifetime_s: float = Field(default=0, ge=0)
@@ -147,6 +150,15 @@ class PolicyConfig(_Model):
     #: A pilot running at its site whose startd has not joined the pool after this
     #: long is cancelled (broken image, authentication failure, unreachable collector).
     start_timeout_s: float = Field(default=900, gt=0)
+    #: Evaluate each idle job shape's Requirements (and the pilot's START) against a
+    #: prototype of every site's pilot ad (`provisioner.prototype`, `sites[].pilot_ad`):
+    #: a shape no site's pilot would match causes no pilot. False: any site that has the
+    #: resources is taken to match, as if jobs stated no Requirements.
+    match_requirements: bool = True
+    #: A shape whose jobs stay idle this long while the same fitting pilot stays unclaimed
+    #: (the negotiator never matches them) is stuck: reported once and not provisioned
+    #: for until its shape changes or fewer of its jobs are idle. 0: never.
+    stuck_after_s: float = Field(default=600, ge=0)
     reserve: ReserveConfig = ReserveConfig()
     placement: PlacementConfig = PlacementConfig()
     breaker: BreakerConfig = BreakerConfig()
@@ -238,6 +250,34 @@ class PilotRuntimeConfig(_Model):
 
 
 _HOST = r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$"
+ATTRIBUTE_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+class PilotAdConfig(_Model):
+    """What a site's pilot startds advertise that the provisioner cannot derive (the
+    node's platform, what its image offers). With the pilot's own attributes (site,
+    size, file transfer, START) it makes the prototype ad that idle jobs' Requirements
+    are evaluated against before a pilot is started for them (`provisioner.prototype`).
+    An attribute a job requires and the prototype lacks makes the job unmatchable, as
+    the negotiator would: declare in `extra_attributes` what the site's pilots really
+    advertise (``condor_status -l`` on one of them), e.g. ``HasSingularity: true``."""
+
+    arch: str = Field(default="X86_64", pattern=r"^[A-Za-z0-9_]+$")
+    opsys: str = Field(default="LINUX", pattern=r"^[A-Za-z0-9_]+$")
+    #: e.g. "Debian13", "AlmaLinux9"; None: not advertised by the prototype.
+    opsys_and_ver: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.]+$")
+    #: Attribute name -> literal value (bool, number or string); overrides the above.
+    extra_attributes: dict[str, bool | int | float | str] = Field(default_factory=dict)
+
+    @field_validator("extra_attributes")
+    @classmethod
+    def _attribute_names(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for name in value:
+            if not re.match(ATTRIBUTE_NAME_PATTERN, name):
+                raise PydanticCustomError(
+                    "attribute_name", "not a ClassAd attribute name: {value}",
+                    {"value": name})
+        return value
 _ACCOUNT = r"^[a-z_][a-z0-9_-]*$"
 
 
@@ -291,6 +331,7 @@ class SiteBase(_Model):
     pilot: PilotShapeConfig
     caps: CapsConfig = CapsConfig()
     keep_warm: int = Field(default=0, ge=0)
+    pilot_ad: PilotAdConfig = PilotAdConfig()
 
     @model_validator(mode="after")
     def _walltime_within_partition(self) -> SiteBase:

@@ -39,6 +39,7 @@ from provisioner.estimates import Estimates
 from provisioner.model import Cancel, PilotState, Plan, Snapshot
 from provisioner.plan import carry_over, plan
 from provisioner.scaledown import drained_empty
+from provisioner.stuck import StuckGroups
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,8 @@ class Controller:
     history: QueueHistory = field(init=False)
     estimates: Estimates = field(init=False)
     breakers: SiteBreakers = field(init=False)
+    #: shapes idle beside fitting unclaimed pilots, and those found stuck
+    stuck: StuckGroups = field(init=False)
     unneeded: dict[str, int] = field(default_factory=dict)  # pending key -> cycles unneeded
     hedged: set[str] = field(default_factory=set)
     drained: dict[str, int] = field(default_factory=dict)  # drained-empty key -> cycles
@@ -107,6 +110,7 @@ class Controller:
         self.estimates = Estimates(self.config.policy.placement)
         b = self.config.policy.breaker
         self.breakers = SiteBreakers(b.threshold, b.base_s, b.max_s)
+        self.stuck = StuckGroups(self.config.policy.stuck_after_s)
 
     # -- what survives a restart -------------------------------------------------------
     def state(self) -> dict[str, Any]:
@@ -161,8 +165,9 @@ class Controller:
                 commit: bool = True) -> Snapshot:
         """`snapshot` with the carried state filled in: flags, idle observations, the
         arrival window and the departures during it, the learnt site estimates, pending
-        pilots' unneeded cycles and hedges, circuit-breaker limits, drained pilots. With
-        `commit`, this cycle's pilots are learnt from first."""
+        pilots' unneeded cycles and hedges, circuit-breaker limits, drained pilots, and
+        stuck shapes marked as matching no site (`provisioner.stuck`). With `commit`,
+        this cycle's pilots and idle shapes are learnt from first."""
         known = {v.name for v in snapshot.sites if v.known}
         seen = [p for p in snapshot.pilots if p.site in known]
         since, size_then = self.history.baseline(now, self.window(now))  # as arrivals_since
@@ -177,6 +182,7 @@ class Controller:
                     site, [p.key for p in seen if p.site == site],
                     [p.key for p in seen if p.site == site
                      and (p.name is not None or p.state in _UP)], now)
+            self.transitions += self.stuck.observe(snapshot, self.config, now)
         in_flight: dict[str, int] = {}
         for p in seen:
             if p.state in (PilotState.PENDING, PilotState.STARTING):
@@ -190,7 +196,9 @@ class Controller:
             if self.config.policy.reserve.enabled:
                 window = now - since
                 left = departures(size_then, queue.older)
-        return replace(snapshot, flagged=dict(self.flagged), idle_cycles=dict(self.idle_cycles),
+        return replace(snapshot, demand=self.stuck.mark(snapshot.demand),
+                       recent_arrivals=self.stuck.mark(snapshot.recent_arrivals),
+                       flagged=dict(self.flagged), idle_cycles=dict(self.idle_cycles),
                        arrival_window_s=window if snapshot.recent_arrivals else 0.0,
                        recent_departures=left, estimates=dict(self.estimates.sites),
                        unneeded_cycles=dict(self.unneeded), hedged=frozenset(self.hedged),

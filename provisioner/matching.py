@@ -1,9 +1,11 @@
 """Which sites can run a job shape (pure): the first stage of `plan()`.
 
 A shape fits a site when the site's largest pilot has the cores, the memory (rounded like
-the startd), the GPUs and, for a job that states its runtime, the usable walltime, and the
-job's DesiredSites (if any) names the site. A shape no site fits is reported with one
-readable reason and never causes a pilot.
+the startd), the GPUs and, for a job that states its runtime, the usable walltime, the
+job's DesiredSites (if any) names the site and, for a row whose Requirements were
+evaluated while observing (`Demand.sites`, `provisioner.prototype`), the site's pilot
+matches them. A shape no site fits is reported with one readable reason and never causes
+a pilot.
 """
 
 from __future__ import annotations
@@ -95,22 +97,40 @@ def unmatchable_reason(shape: JobShape, sites: Sequence[SiteConfig]) -> str:
     return "no single site fits: " + "; ".join(site_rejects(shape, s) for s in sites)
 
 
+def matched_sites(d: Demand, sites: Sequence[SiteConfig], item: Item) -> tuple[list[str], str]:
+    """The sites that can run the jobs of row `d` (resources and, if evaluated, the
+    Requirements), in the order of `sites`; if none, why."""
+    fits = fitting_sites(d.shape, sites, item)
+    if d.sites is None:
+        return fits, "" if fits else unmatchable_reason(d.shape, sites)
+    if not fits:
+        return [], unmatchable_reason(d.shape, sites)
+    if not d.sites:
+        return [], d.mismatch or "Requirements not met by any site's pilot ad"
+    both = [name for name in fits if name in d.sites]
+    if both:
+        return both, ""
+    why = [site_rejects(d.shape, s, item) or f"Requirements not met by {s.name}'s pilot ad"
+           for s in sites]
+    return [], "no single site fits: " + "; ".join(why)
+
+
 def match_demand(demand: Iterable[Demand], sites: Sequence[SiteConfig]
                  ) -> tuple[list[Row], list[Unmatchable]]:
     """Stage 1: equal shapes merged, each matched to its sites; rows largest first."""
-    merged: Counter[JobShape] = Counter()
+    merged: Counter[Demand] = Counter()
     for d in demand:
         if d.idle > 0:
-            merged[d.shape] += d.idle
+            merged[Demand(d.shape, 0, d.sites, d.mismatch)] += d.idle
     rows: list[Row] = []
     unmatchable: list[Unmatchable] = []
-    for shape, idle in merged.items():
-        item = item_of(shape)
-        fits = fitting_sites(shape, sites, item)
+    for d, idle in merged.items():
+        item = item_of(d.shape)
+        fits, why = matched_sites(d, sites, item)
         if fits:
-            rows.append(Row(item, shape, idle, fits))
+            rows.append(Row(item, d.shape, idle, fits))
         else:
-            unmatchable.append(Unmatchable(shape, idle, unmatchable_reason(shape, sites)))
+            unmatchable.append(Unmatchable(d.shape, idle, why))
     rows.sort(key=Row.size_key, reverse=True)
     return rows, unmatchable
 

@@ -30,8 +30,12 @@ class JobShape:
     disk_kb: int = 0  # RequestDisk (KB)
     gpus: int = 0  # RequestGPUs
     runtime_s: int | None = None  # expected runtime if the job states one, else None
-    requirements: str = ""  # the job's Requirements text (informational)
     desired_sites: tuple[str, ...] = ()  # empty = any site
+    #: The job's Requirements expression as text ("" = not read: matched on resources
+    #: alone) and the job attributes it reads besides the requests, as (name, ClassAd
+    #: literal) pairs: with the requests, all a pilot's match depends on.
+    requirements: str = ""
+    match_attrs: tuple[tuple[str, str], ...] = ()
 
     @property
     def rounded_memory_mb(self) -> int:
@@ -43,6 +47,12 @@ class JobShape:
 class Demand:
     shape: JobShape
     idle: int  # number of idle jobs with this shape
+    #: The sites whose pilot would match the shape's Requirements (computed while
+    #: observing, `provisioner.prototype`); None: not evaluated, any site with the
+    #: resources matches.
+    sites: frozenset[str] | None = None
+    #: Why no site matches (when `sites` is empty).
+    mismatch: str = ""
 
 
 class PilotState(str, Enum):

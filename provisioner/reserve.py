@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from provisioner.config import Config, SiteConfig
-from provisioner.matching import Row, fitting_sites, item_of
+from provisioner.matching import Row, fitting_sites, item_of, matched_sites
 from provisioner.model import JobShape, Snapshot
 
 
@@ -105,7 +105,8 @@ def _poisson(mean: float, top: int) -> list[float]:
     return out
 
 
-_Key = tuple[int, int, tuple[str, ...]]
+#: (cpus, gpus, DesiredSites, sites matching the Requirements: () = not evaluated, any)
+_Key = tuple[int, int, tuple[str, ...], tuple[str, ...]]
 
 
 def reserve_rows(snapshot: Snapshot, config: Config, sites: Sequence[SiteConfig],
@@ -113,7 +114,8 @@ def reserve_rows(snapshot: Snapshot, config: Config, sites: Sequence[SiteConfig]
     """The reserve as rows (marked `reserve`), largest first, and the size the arrivals
     ask for (before `Snapshot.reserve_hold`).
 
-    Recently arrived matchable jobs are grouped by (cpus, gpus, DesiredSites); a group's
+    Recently arrived matchable jobs are grouped by (cpus, gpus, DesiredSites, the sites
+    whose pilot matches their Requirements); a group's
     reserve slot takes the largest memory seen in it and no stated runtime, so one slot
     fits any recent job of that group. The reserve is split over the groups in proportion
     to the square root of their arrivals (largest remainder). Jobs that arrived at fewer
@@ -129,9 +131,10 @@ def reserve_rows(snapshot: Snapshot, config: Config, sites: Sequence[SiteConfig]
             continue
         shape = d.shape
         item = item_of(shape)
-        if not fitting_sites(shape, sites, item):
+        if not matched_sites(d, sites, item)[0]:
             continue  # unmatchable arrivals never cause a reserve
-        key = (item.cpus, item.gpus, shape.desired_sites)
+        key = (item.cpus, item.gpus, shape.desired_sites,
+               tuple(sorted(d.sites)) if d.sites is not None else ())
         counts[key] += d.idle
         memory[key] = max(memory.get(key, 0), shape.memory_mb)
     total = sum(counts.values())
@@ -147,10 +150,11 @@ def reserve_rows(snapshot: Snapshot, config: Config, sites: Sequence[SiteConfig]
     for key, n in quota.items():
         if n <= 0:
             continue
-        cpus, gpus, desired = key
+        cpus, gpus, desired, matched = key
         shape = JobShape(cpus, memory[key], gpus=gpus, desired_sites=desired)
         item = item_of(shape)
-        fits = fitting_sites(shape, sites, item)
+        fits = [name for name in fitting_sites(shape, sites, item)
+                if not matched or name in matched]
         if fits:  # the largest memory of a group may fit fewer sites than its jobs do
             rows.append(Row(item, shape, n, fits, reserve=True))
     rows.sort(key=Row.size_key, reverse=True)

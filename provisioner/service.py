@@ -46,6 +46,7 @@ from provisioner.pilot_view import (
     pilot_state,
     runs_jobs,
 )
+from provisioner.prototype import SiteMatcher
 from provisioner.sites import make_backend
 from provisioner.sites.base import (
     BackendError,
@@ -95,6 +96,7 @@ class Provisioner:
         self.clock = clock
         self.controller = Controller(config)
         self.controller.load(self.journal.get("controller"))  # learnt site estimates
+        self.matcher = SiteMatcher(config)  # demand's Requirements vs each site's pilot
         self.last_jobs: dict[str, list[SiteJob]] = {}
         self.disagreements = Disagreements()  # SLURM vs collector, each logged once
         # A site that keeps failing is asked again after a growing delay.
@@ -142,7 +144,8 @@ class Provisioner:
         since = self.controller.arrivals_since(now)
         try:
             queue = self.pool.queue(since)
-            demand, running_on, arrivals = queue.demand, queue.running_on, queue.recent_arrivals
+            demand, running_on = self.matcher.annotate(queue.demand), queue.running_on
+            arrivals = self.matcher.annotate(queue.recent_arrivals)
             ads = self.pool.pilot_ads()
         except PoolUnreachable as exc:
             log.error("pool unknown this cycle (no scale-down, no submissions): %s", exc)

@@ -92,6 +92,17 @@ def test_flag_is_confirmed_by_the_next_quick_check_even_if_it_comes_early() -> N
     assert ctl.due(1015.0, Probe(0)) == ""
 
 
+def test_flag_is_confirmed_early_also_when_the_cycle_gap_equals_the_quick_check() -> None:
+    """The testbed's cadence (min_cycle_gap_s == quick_check_s): the minimum gap between
+    cycles counts within the same slack as the quick check, or the check that comes a few
+    ms early is refused and the release waits a second quick check."""
+    policy = PolicyConfig(interval_s=10, quick_check_s=3, min_cycle_gap_s=3)
+    ctl = Controller(default_config(default_sites()).model_copy(update={"policy": policy}))
+    ctl.mark = CycleMark(at=1000.0, idle_jobs=0, flagged=1)
+    assert ctl.due(1002.995, Probe(0)) == "confirm flagged pilots"
+    assert ctl.due(1002.5, Probe(0)) == ""
+
+
 def test_reserve_is_held_one_lead_time_and_sparse_arrivals_widen_the_window() -> None:
     from dataclasses import replace
 

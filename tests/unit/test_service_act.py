@@ -245,6 +245,26 @@ def test_flag_then_release_takes_one_quick_check_not_two(world) -> None:  # type
         clock.__class__.__call__ = real  # type: ignore[method-assign]
 
 
+def test_flag_then_release_takes_one_quick_check_when_the_gap_equals_it(world) -> None:  # type: ignore[no-untyped-def]
+    """The testbed's cadence: quick_check_s == min_cycle_gap_s. The scheduler fires every
+    3 s; the first check reads the clock 5 ms late, the next one on time: that check comes
+    5 ms short of 3 s after the flag and still releases."""
+    prov, pool, backends, clock = world
+    policy = prov.config.policy.model_copy(
+        update={"interval_s": 10.0, "quick_check_s": 3.0, "min_cycle_gap_s": 3.0})
+    prov.config = prov.config.model_copy(update={"policy": policy})
+    prov.controller.config = prov.config
+    backends["gsi"].jobs = [running_job("7")]
+    pool.ads = {"gsi/7": idle_ad("7")}
+    clock.t = 10_000.005  # fired at 10 000 s, the clock read 5 ms later
+    first = prov.tick()
+    assert first is not None and "flag gsi/7" in [describe(a) for a in first.plan.actions]
+    clock.t = 10_003.0  # the next firing, read at once
+    second = prov.tick()
+    assert second is not None and second.reason == "confirm flagged pilots"
+    assert "release gsi/7" in [describe(a) for a in second.plan.actions]
+
+
 def test_learnt_state_and_breakers_are_journalled_and_reloaded(world) -> None:  # type: ignore[no-untyped-def]
     from provisioner.service import breakers_of
 

@@ -1,0 +1,250 @@
+"""A campaign's result directory -> results.csv, summary.csv, report.md and plots.
+
+Everything is rendered from the files the clients sent back, so `provisioner
+campaign report DIR` can render again at any time (e.g. where matplotlib is
+installed). The layout, written by `runner`::
+
+    DIR/campaign.yaml                     the campaign as it ran (scenario order)
+    DIR/<scenario>/<clients>/client-<i>.csv   benchread.py --csv (url,second,blocks,bytes)
+    DIR/<scenario>/<clients>/client-<i>.out, .err   the client's stdout and stderr
+    DIR/<scenario>/<clients>/client-<i>.json, .netdev.csv   fio clients instead
+    DIR/<scenario>/<clients>/step.json    status, error, failed clients, hit ratio
+
+A step without step.json counts every client with a CSV as ok. matplotlib is
+imported only to draw; without it the tables are still written and report.md says
+how to draw the plots.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from provisioner.campaign.aggregate import (
+    GBIT,
+    StepSummary,
+    aggregate,
+    fio_bandwidth,
+    netdev_series,
+    parse_client_csv,
+    summarize,
+)
+
+log = logging.getLogger(__name__)
+
+STEP_FILE = "step.json"
+SPEC_COPY = "campaign.yaml"
+
+
+@dataclass
+class Step:
+    """What one scenario at one client count left in the result directory."""
+
+    scenario: str
+    clients: int
+    series: list[dict[int, int]] = field(default_factory=list)
+    ok: int = 0
+    failed: int = 0
+    error: str = ""
+    hit_ratio: float | None = None
+    fio_bytes_s: int | None = None
+
+
+def _client_index(path: Path) -> int:
+    return int(path.name.split(".")[0].removeprefix("client-"))
+
+
+def read_step(directory: Path, scenario: str, clients: int) -> Step:
+    step = Step(scenario, clients)
+    status: dict[str, object] = {}
+    if (directory / STEP_FILE).is_file():
+        status = json.loads((directory / STEP_FILE).read_text())
+    failed = {int(i) for i in status.get("failed_clients", []) or []}  # type: ignore[attr-defined]
+    for path in sorted(directory.glob("client-*.csv"), key=_client_index):
+        if path.name.endswith(".netdev.csv"):
+            continue
+        if _client_index(path) not in failed:
+            step.series.append(parse_client_csv(path.read_text()))
+    fio = sorted(directory.glob("client-*.json"), key=_client_index)
+    if fio:
+        step.fio_bytes_s = 0
+        for path in fio:
+            if _client_index(path) in failed:
+                continue
+            try:
+                step.fio_bytes_s += fio_bandwidth(json.loads(path.read_text()))
+            except (ValueError, AttributeError) as exc:
+                log.warning("%s: not a fio JSON report: %s", path, exc)
+            netdev = path.with_name(f"client-{_client_index(path)}.netdev.csv")
+            if netdev.is_file():
+                with netdev.open() as f:
+                    step.series.append(netdev_series(
+                        (int(r["second"]), r["interface"], int(r["rx_bytes"]),
+                         int(r["tx_bytes"])) for r in csv.DictReader(f)))
+        step.ok = len(fio) - len(failed & {_client_index(p) for p in fio})
+    else:
+        step.ok = len(step.series)
+    step.failed = len(failed)
+    step.error = str(status.get("error", "") or "")
+    ratio = status.get("hit_ratio")
+    step.hit_ratio = float(ratio) if isinstance(ratio, int | float) else None
+    return step
+
+
+def scenario_order(out: Path) -> list[str]:
+    """Scenario names in campaign order (from the copy of the campaign), else sorted."""
+    found = sorted(p.name for p in out.iterdir() if p.is_dir() and any(
+        c.is_dir() and c.name.isdigit() for c in p.iterdir()))
+    order: list[str] = []
+    try:
+        spec = yaml.safe_load((out / SPEC_COPY).read_text())
+        order = [s["name"] for s in spec.get("scenarios", []) or []]
+        if spec.get("kind") == "fio" and spec.get("fio"):
+            order.append(Path(spec["fio"]["jobfile"]).stem)
+    except (OSError, yaml.YAMLError, AttributeError, KeyError, TypeError):
+        pass
+    return [s for s in order if s in found] + [s for s in found if s not in order]
+
+
+def read_steps(out: Path) -> list[Step]:
+    steps: list[Step] = []
+    for scenario in scenario_order(out):
+        counts = sorted(int(p.name) for p in (out / scenario).iterdir()
+                        if p.is_dir() and p.name.isdigit())
+        steps.extend(read_step(out / scenario / str(n), scenario, n) for n in counts)
+    return steps
+
+
+def summaries(steps: list[Step]) -> list[StepSummary]:
+    return [summarize(s.scenario, s.clients, aggregate(s.series), s.ok, s.failed, s.hit_ratio,
+                      s.error, None if s.fio_bytes_s is None else s.fio_bytes_s / GBIT)
+            for s in steps]
+
+
+def _fmt(x: float | None, digits: int = 3) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def write_tables(out: Path, steps: list[Step], table: list[StepSummary]) -> None:
+    with (out / "results.csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["scenario", "clients", "second", "t_s", "bytes", "gbit_s"])
+        for s in steps:
+            series = aggregate(s.series)
+            for second, nbytes in series:
+                w.writerow([s.scenario, s.clients, second, second - series[0][0], nbytes,
+                            f"{nbytes / GBIT:.6f}"])
+    with (out / "summary.csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["scenario", "clients", "seconds", "total_bytes", "mean_gbit_s",
+                    "p50_gbit_s", "max_gbit_s", "clients_ok", "clients_failed", "hit_ratio",
+                    "fio_gbit_s", "error"])
+        for t in table:
+            w.writerow([t.scenario, t.clients, t.seconds, t.total_bytes,
+                        f"{t.mean_gbit_s:.6f}", f"{t.p50_gbit_s:.6f}", f"{t.max_gbit_s:.6f}",
+                        t.clients_ok, t.clients_failed, _fmt(t.hit_ratio),
+                        _fmt(t.fio_gbit_s, 6), t.error])
+
+
+def markdown(name: str, table: list[StepSummary], plots: list[Path], plot_note: str) -> str:
+    fio = any(t.fio_gbit_s is not None for t in table)
+    lines = [f"# Campaign {name}", "",
+             "Aggregate throughput: the clients' bytes summed per wall-clock second over "
+             "every second from the first client's first read to the last client's last "
+             "(idle seconds count as 0); mean = total bytes / those seconds.", ""]
+    head = ["scenario", "nodes" if fio else "clients", "seconds", "total MiB", "mean Gbit/s",
+            "p50 Gbit/s", "max Gbit/s", "ok", "failed", "hit ratio"]
+    head += ["fio Gbit/s"] if fio else []
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for t in table:
+        row = [t.scenario, str(t.clients), str(t.seconds), f"{t.total_bytes / 2**20:.1f}",
+               _fmt(t.mean_gbit_s), _fmt(t.p50_gbit_s), _fmt(t.max_gbit_s),
+               str(t.clients_ok), str(t.clients_failed), _fmt(t.hit_ratio, 2)]
+        lines.append("| " + " | ".join(row + ([_fmt(t.fio_gbit_s)] if fio else [])) + " |")
+    failures = [t for t in table if not t.ok]
+    lines += ["", "## Failures", ""]
+    lines += [f"- {t.error}" if t.error else f"- scenario {t.scenario}, {t.clients} "
+              f"clients: {t.clients_failed} client(s) failed" for t in failures] or ["none"]
+    lines += ["", "## Plots", ""]
+    lines += [f"![{p.stem}]({p.name})" for p in plots] or [plot_note]
+    return "\n".join(lines) + "\n"
+
+
+def plot(out: Path, steps: list[Step], table: list[StepSummary]) -> list[Path]:
+    """Throughput over time per scenario (a line per client count), and throughput
+    against the number of clients (a line per scenario). Needs matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for scenario in dict.fromkeys(s.scenario for s in steps):
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        for s in (s for s in steps if s.scenario == scenario):
+            series = aggregate(s.series)
+            if series:
+                ax.plot([sec - series[0][0] for sec, _ in series],
+                        [b / GBIT for _, b in series], marker=".",
+                        label=f"{s.clients} client{'s' if s.clients > 1 else ''}")
+        ax.set(title=f"{scenario}: aggregate throughput", xlabel="seconds since the step's "
+               "first read", ylabel="Gbit/s")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend()
+        path = out / f"throughput-{scenario}.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    fio = any(t.fio_gbit_s is not None for t in table)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for scenario in dict.fromkeys(t.scenario for t in table):
+        rows = [t for t in table if t.scenario == scenario and t.ok]
+        ys = [(t.fio_gbit_s or 0.0) if fio else t.mean_gbit_s for t in rows]
+        line, = ax.plot([t.clients for t in rows], ys, marker="o", label=scenario)
+        if not fio:
+            ax.plot([t.clients for t in rows], [t.max_gbit_s for t in rows], linestyle="--",
+                    marker="x", color=line.get_color(), label=f"{scenario} (max second)")
+    ax.set_xticks(sorted({t.clients for t in table}))
+    ax.set(title="throughput vs " + ("nodes (fio's own total)" if fio else
+                                     "clients (mean over the step; dashed: best second)"),
+           xlabel="nodes" if fio else "clients", ylabel="Gbit/s")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend()
+    path = out / "scaling.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    written.append(path)
+    return written
+
+
+def render(out: Path, name: str | None = None) -> list[Path]:
+    """Write every table, plot and report.md in `out`; returns the files written."""
+    steps = read_steps(out)
+    table = summaries(steps)
+    write_tables(out, steps, table)
+    try:
+        plots = plot(out, steps, table)
+        note = ""
+    except ImportError:
+        plots = []
+        note = ("Plots not drawn: matplotlib is not installed here. Install it (the "
+                "`bench` extra) and run `provisioner campaign report DIR`.")
+        log.warning("no plots: matplotlib is not installed")
+    if name is None:
+        try:
+            name = str(yaml.safe_load((out / SPEC_COPY).read_text())["name"])
+        except (OSError, yaml.YAMLError, KeyError, TypeError):
+            name = out.name
+    (out / "report.md").write_text(markdown(name, table, plots, note))
+    return [out / "results.csv", out / "summary.csv", out / "report.md", *plots]

@@ -1,0 +1,128 @@
+"""Groups that match no pilot in practice (pure): idle beside a pilot that fits them.
+
+The prototype (`provisioner.prototype`) says which sites' pilots should match a shape; the
+negotiator may still never match it (an attribute the prototype has and real pilots lack,
+a START clause of the node, a pool policy). A shape whose jobs stay idle for
+`policy.stuck_after_s` while the same fitting pilot stays unclaimed beside them is stuck:
+reported once, and not provisioned for (its rows become unmatchable) until its shape
+changes or fewer of its jobs are idle (one started, or the user removed some). Without
+this, a pilot is kept for it, and when the pilot's no-claim shutdown ends it a new one is
+started, for ever.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from provisioner.config import Config, SiteConfig
+from provisioner.matching import item_of, matched_sites
+from provisioner.model import Demand, JobShape, Pilot, PilotState, Snapshot
+
+STUCK = "stuck: matches no pilot in practice"
+
+
+@dataclass
+class Waiting:
+    """A shape seen idle beside fitting unclaimed pilots since `since`; `pilots` are the
+    ones that stayed unclaimed all along, `idle` its idle jobs at the last look."""
+
+    since: float
+    idle: int
+    pilots: frozenset[str]
+
+
+@dataclass
+class StuckGroups:
+    after_s: float
+    waiting: dict[JobShape, Waiting] = field(default_factory=dict)
+    #: stuck shape -> (idle jobs at the last look, the reason shown)
+    stuck: dict[JobShape, tuple[int, str]] = field(default_factory=dict)
+
+    def observe(self, snapshot: Snapshot, config: Config, now: float) -> list[str]:
+        """Follow this cycle's idle shapes and unclaimed pilots; returns what changed, in
+        words (newly stuck, no longer stuck)."""
+        if not snapshot.pool_known:
+            return []
+        idle: dict[JobShape, int] = {}
+        first: dict[JobShape, Demand] = {}
+        for d in snapshot.demand:
+            if d.idle > 0:
+                idle[d.shape] = idle.get(d.shape, 0) + d.idle
+                first.setdefault(d.shape, d)
+        out = []
+        for shape, (was, _why) in list(self.stuck.items()):
+            if idle.get(shape, 0) < was:
+                del self.stuck[shape]
+                out.append(f"no longer stuck (fewer idle jobs): {describe(shape)}")
+            else:
+                self.stuck[shape] = (idle[shape], self.stuck[shape][1])
+        known = {v.name for v in snapshot.sites if v.known}
+        unclaimed = [p for p in snapshot.pilots
+                     if p.state is PilotState.IDLE and p.site in known]
+        for shape in list(self.waiting):
+            if shape not in idle:
+                del self.waiting[shape]
+        if not unclaimed or self.after_s <= 0:
+            self.waiting.clear()
+            return out
+        for shape, n in idle.items():
+            if shape in self.stuck:
+                continue
+            beside = fitting_pilots(first[shape], unclaimed, config.sites, now)
+            w = self.waiting.get(shape)
+            if not beside:
+                self.waiting.pop(shape, None)
+            elif w is None or n < w.idle or not w.pilots & beside:
+                self.waiting[shape] = Waiting(now, n, beside)
+            else:
+                w.pilots &= beside
+                w.idle = n
+                if now - w.since >= self.after_s:
+                    pilot = min(w.pilots)
+                    why = (f"{STUCK} (idle {now - w.since:.0f} s while pilot {pilot} stayed "
+                           "unclaimed)")
+                    self.stuck[shape] = (n, why)
+                    del self.waiting[shape]
+                    out.append(f"{n} idle jobs {why}: {describe(shape)}; not provisioned "
+                               "for until their shape changes or one of them starts")
+        return out
+
+    def mark(self, rows: Sequence[Demand]) -> tuple[Demand, ...]:
+        """`rows` with every stuck shape matching no site, the reason attached."""
+        if not self.stuck:
+            return tuple(rows)
+        return tuple(replace(d, sites=frozenset(), mismatch=self.stuck[d.shape][1])
+                     if d.shape in self.stuck else d for d in rows)
+
+
+def fitting_pilots(d: Demand, unclaimed: Sequence[Pilot], sites: Sequence[SiteConfig],
+                   now: float) -> frozenset[str]:
+    """The unclaimed pilots that could start a job of row `d` now: at a site it matches,
+    with the free resources, and the walltime left for its stated runtime."""
+    item = item_of(d.shape)
+    where = set(matched_sites(d, sites, item)[0])
+    by_name = {s.name: s for s in sites}
+    out = set()
+    for p in unclaimed:
+        if (p.site not in where or p.free_cpus < item.cpus or p.free_memory_mb < item.memory_mb
+                or p.free_gpus < item.gpus):
+            continue
+        site = by_name[p.site].pilot
+        end = p.walltime_end
+        if end is None:
+            end = (p.started_at if p.started_at is not None else now) + site.walltime_s
+        if end - site.shutdown_margin_s > now + (item.runtime_s or 0):
+            out.add(p.key)
+    return frozenset(out)
+
+
+def describe(shape: JobShape) -> str:
+    """A shape in a few words (its Requirements shortened)."""
+    text = f"{shape.cpus} cores, {shape.memory_mb} MB"
+    if shape.runtime_s is not None:
+        text += f", {shape.runtime_s} s"
+    if shape.requirements:
+        req = shape.requirements
+        text += f", Requirements {req[:160] + '...' if len(req) > 160 else req}"
+    return text

@@ -1,0 +1,450 @@
+"""Benchmark campaigns: the campaign file, the pure aggregation, the job-event fold,
+the report from synthetic client CSVs, and the runner's bookkeeping against a
+hand-written pool that records what it was asked."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from provisioner.campaign.aggregate import (
+    GBIT,
+    aggregate,
+    fio_bandwidth,
+    netdev_series,
+    parse_client_csv,
+    percentile,
+    summarize,
+)
+from provisioner.campaign.fioclient import read_netdev
+from provisioner.campaign.report import render
+from provisioner.campaign.runner import CondorPool, Event, Runner, fold_events, submit_file
+from provisioner.campaign.spec import (
+    CampaignError,
+    classad_literal,
+    load_campaign,
+    parse_campaign,
+    substitute,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+GOOD = """\
+name: t
+files: {prefix: f-, count: 2, size: 16M}
+clients: [1, 2]
+reader: {block_size: 1M}
+step_timeout_s: 100
+scenarios:
+  - name: xcache
+    site: frankfurt
+    url: "root://fra-cache:1094//root://gsi-storage:1094//data/{file}"
+    setup: [[cache-mode, xcache]]
+  - name: no-cache
+    site: frankfurt
+    url: "root://gsi-storage:1094//data/{file}"
+    extra_submit: {Note: 'a "quoted" value'}
+"""
+
+
+# -- the campaign file -------------------------------------------------------------------
+
+def test_a_good_campaign_parses() -> None:
+    c = parse_campaign(GOOD)
+    assert [s.name for s in c.scenarios] == ["xcache", "no-cache"]
+    assert c.files is not None and c.files.names() == ["f-0", "f-1"]
+    assert c.scenarios[0].url_of("f-1") == "root://fra-cache:1094//root://gsi-storage:1094//data/f-1"
+
+
+@pytest.mark.parametrize("old, new, field", [
+    ("count: 2", "count: 0", "files.count"),
+    ("size: 16M", "size: 16Q", "files.size"),
+    ("clients: [1, 2]", "clients: [1, 1]", "clients"),
+    ("block_size: 1M", "block_size: lots", "reader.block_size"),
+    ("step_timeout_s: 100", "step_timeout_s: -1", "step_timeout_s"),
+    ("site: frankfurt\n    url: \"root://fra", "site: Frankfurt\n    url: \"root://fra",
+     "scenarios[0].site"),
+    ("data/{file}\"\n    setup", "data/x\"\n    setup", "scenarios[0].url"),
+    ("[[cache-mode, xcache]]", "[[]]", "scenarios[0].setup"),
+    ("{Note: ", "{Requirements: ", "scenarios[1].extra_submit"),
+    ("name: xcache", "name: xcache\n    colour: red", "scenarios[0].colour"),
+    ("name: no-cache", "name: xcache", "(top level)"),
+    ("block_size: 1M}", "block_size: 1M, environment: {X: 'a b'}}", "reader.environment"),
+])
+def test_a_bad_field_is_named_with_its_line(old: str, new: str, field: str) -> None:
+    assert old in GOOD
+    with pytest.raises(CampaignError) as err:
+        parse_campaign(GOOD.replace(old, new, 1), "c.yaml")
+    lines = str(err.value).splitlines()
+    assert any(line.startswith("c.yaml:") and f" {field}: " in line for line in lines), lines
+
+
+def test_a_read_campaign_needs_files_clients_and_scenarios() -> None:
+    with pytest.raises(CampaignError, match="needs files, clients, scenarios"):
+        parse_campaign("name: x\n")
+
+
+def test_fio_campaign_needs_an_existing_jobfile(tmp_path: Path) -> None:
+    f = tmp_path / "fio.yaml"
+    f.write_text("name: f\nkind: fio\nfio: {jobfile: nope.fio, nodes: [1, 2], site: gsi}\n")
+    with pytest.raises(CampaignError, match=r"fio\.jobfile: no such file"):
+        load_campaign(f)
+    f.write_text("name: f\nkind: fio\nfio: {jobfile: deploy/testbed/campaigns/seq-read.fio, "
+                 "nodes: [1, 2], site: frankfurt}\n")
+    c = load_campaign(f)
+    assert c.fio is not None and c.fio.scenario == "seq-read"
+
+
+def test_the_shipped_campaigns_are_valid() -> None:
+    files = sorted((REPO / "deploy/testbed/campaigns").glob("*.yaml"))
+    assert files
+    for f in files:
+        load_campaign(f)
+
+
+def test_placeholders_replace_whole_arguments_only() -> None:
+    values = {"prefix": "f-", "count": "4"}
+    assert substitute(["mk", "{prefix}", "--n={count}", "{count}", "{other}"], values) == [
+        "mk", "f-", "--n={count}", "4", "{other}"]
+
+
+def test_classad_literals() -> None:
+    assert classad_literal(False) == "false"
+    assert classad_literal(3) == "3"
+    assert classad_literal('a "b" \\c') == '"a \\"b\\" \\\\c"'
+
+
+# -- aggregation ---------------------------------------------------------------------
+
+clients_strategy = st.lists(
+    st.dictionaries(st.integers(1_700_000_000, 1_700_000_060), st.integers(0, 10**10),
+                    max_size=30), max_size=8)
+
+
+@given(clients_strategy)
+def test_aggregate_is_the_sum_of_the_clients_bytes(clients: list[dict[int, int]]) -> None:
+    series = aggregate(clients)
+    assert sum(b for _, b in series) == sum(sum(c.values()) for c in clients)
+
+
+@given(clients_strategy)
+def test_aggregate_seconds_are_sorted_consecutive_and_idle_seconds_zero(
+        clients: list[dict[int, int]]) -> None:
+    series = aggregate(clients)
+    seconds = [s for s, _ in series]
+    assert seconds == list(range(seconds[0], seconds[-1] + 1)) if seconds else series == []
+    read = {s for c in clients for s in c}
+    if read:
+        assert (seconds[0], seconds[-1]) == (min(read), max(read))
+    for second, nbytes in series:
+        if second not in read:
+            assert nbytes == 0
+        else:
+            assert nbytes == sum(c.get(second, 0) for c in clients)
+
+
+@given(clients_strategy)
+def test_summary_bounds(clients: list[dict[int, int]]) -> None:
+    s = summarize("x", len(clients), aggregate(clients), len(clients), 0)
+    assert s.total_bytes == sum(sum(c.values()) for c in clients)
+    assert 0 <= s.p50_gbit_s <= s.max_gbit_s
+    assert s.mean_gbit_s <= s.max_gbit_s + 1e-9
+
+
+def test_summary_of_a_known_series() -> None:
+    series = aggregate([{10: int(GBIT), 12: int(GBIT)}, {10: int(GBIT)}])
+    assert series == [(10, 2 * int(GBIT)), (11, 0), (12, int(GBIT))]
+    s = summarize("x", 2, series, 2, 0)
+    assert (s.seconds, s.mean_gbit_s, s.p50_gbit_s, s.max_gbit_s) == (3, 1.0, 1.0, 2.0)
+    assert percentile([], 0.5) == 0.0
+
+
+def test_a_client_csv_with_several_urls_sums_by_second() -> None:
+    text = "url,second,blocks,bytes\nr://a,5,1,100\nr://a,6,2,200\nr://b,6,1,50\n"
+    assert parse_client_csv(text) == {5: 100, 6: 250}
+
+
+def test_network_counters_become_bytes_per_second() -> None:
+    rows = [(1, "eth0", 1000, 0), (1, "lo", 5, 5), (2, "eth0", 1500, 0), (3, "eth0", 1500, 0),
+            (2, "lo", 999, 999)]
+    assert netdev_series(rows) == {2: 500, 3: 0}
+    text = ("Inter-|   Receive |  Transmit\n face |bytes packets\n"
+            "    lo: 10 1 0 0 0 0 0 0 20 1 0 0 0 0 0 0\n"
+            "  eth0: 300 3 0 0 0 0 0 0 400 4 0 0 0 0 0 0\n")
+    assert read_netdev(text) == [("lo", 10, 20), ("eth0", 300, 400)]
+
+
+def test_fio_bandwidth_sums_jobs() -> None:
+    report = {"jobs": [{"read": {"bw_bytes": 100}, "write": {"bw_bytes": 0}},
+                       {"read": {"bw_bytes": 50}}]}
+    assert fio_bandwidth(report) == 150
+
+
+# -- job events ------------------------------------------------------------------------
+
+def test_fold_events() -> None:
+    events: list[Event] = [
+        (0, "SUBMIT", {}), (1, "SUBMIT", {}), (2, "SUBMIT", {}), (3, "SUBMIT", {}),
+        (0, "EXECUTE", {}), (0, "JOB_TERMINATED", {"TerminatedNormally": True, "ReturnValue": 0}),
+        (1, "EXECUTE", {}), (1, "JOB_TERMINATED", {"TerminatedNormally": True, "ReturnValue": 1}),
+        (2, "JOB_HELD", {"HoldReason": "no"}), (2, "JOB_RELEASED", {}), (2, "EXECUTE", {}),
+        (3, "JOB_TERMINATED", {"TerminatedNormally": False, "TerminatedBySignal": 9})]
+    s = fold_events(events)
+    assert (s[0].status, s[0].exit_code) == ("done", 0)
+    assert (s[1].status, s[1].exit_code) == ("done", 1)
+    assert s[2].status == "running"
+    assert (s[3].exit_code, s[3].reason) == (-9, "killed by signal 9")
+
+
+# -- report ------------------------------------------------------------------------------
+
+def write_client(directory: Path, index: int, start: int, seconds: int, rate: int) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    with (directory / f"client-{index}.csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["url", "second", "blocks", "bytes"])
+        for s in range(seconds):
+            w.writerow([f"root://x//f-{index}", start + s, 1, rate])
+
+
+def synthetic(out: Path) -> None:
+    (out / "campaign.yaml").write_text(GOOD)
+    base = 1_700_000_000
+    for k, scenario in enumerate(["xcache", "no-cache"]):
+        for n in (1, 2):
+            for i in range(n):
+                write_client(out / scenario / str(n), i, base + 100 * n + i, 10 + 3 * i,
+                             (2 - k) * 60_000_000 + i * 10_000_000)
+    step = out / "no-cache" / "2"
+    (step / "step.json").write_text(json.dumps({"error": "scenario no-cache, 2 clients, "
+                                                "client 1: bench read: boom",
+                                                "failed_clients": [1], "hit_ratio": None}))
+    (out / "xcache" / "2" / "step.json").write_text(json.dumps({"hit_ratio": 0.75}))
+
+
+def test_report_renders_tables_and_plots_from_client_csvs(tmp_path: Path) -> None:
+    synthetic(tmp_path)
+    written = render(tmp_path)
+    names = {p.name for p in written}
+    assert {"results.csv", "summary.csv", "report.md", "throughput-xcache.png",
+            "throughput-no-cache.png", "scaling.png"} <= names
+    for p in written:
+        if p.suffix == ".png":
+            data = p.read_bytes()
+            assert data[:8] == PNG and len(data) > 1000, p
+    results = list(csv.DictReader((tmp_path / "results.csv").open()))
+    assert sum(int(r["bytes"]) for r in results if r["scenario"] == "xcache"
+               and r["clients"] == "2") == 10 * 120_000_000 + 13 * 130_000_000
+    summary = {(r["scenario"], r["clients"]): r
+               for r in csv.DictReader((tmp_path / "summary.csv").open())}
+    assert list(summary) == [("xcache", "1"), ("xcache", "2"), ("no-cache", "1"),
+                             ("no-cache", "2")]
+    assert summary[("xcache", "2")]["hit_ratio"] == "0.750"
+    assert (summary[("no-cache", "2")]["clients_ok"],
+            summary[("no-cache", "2")]["clients_failed"]) == ("1", "1")
+    md = (tmp_path / "report.md").read_text()
+    assert "| xcache | 2 |" in md and "| no-cache | 1 |" in md
+    assert "client 1: bench read: boom" in md
+    assert "![scaling](scaling.png)" in md
+
+
+# -- the runner against a recording pool ---------------------------------------------------
+
+class RecordingPool:
+    """Answers submits by writing what a client would send back; `fail` maps
+    (step, client) -> stderr of a client that exits 1; `stuck` steps never finish."""
+
+    def __init__(self, fail: dict[tuple[str, int], str] | None = None,
+                 stuck: set[str] | None = None) -> None:
+        self.fail, self.stuck = fail or {}, stuck or set()
+        self.submitted: list[tuple[dict[str, str], list[dict[str, str]]]] = []
+        self.removed: list[int] = []
+        self.logs: dict[Path, list[Event]] = {}
+
+    def submit(self, description: dict[str, str], items: list[dict[str, str]]) -> int:
+        self.submitted.append((description, items))
+        directory = Path(description["initialdir"])
+        step = description["+CampaignStep"].strip('"')
+        events: list[Event] = []
+        for i, _item in enumerate(items):
+            events.append((i, "SUBMIT", {}))
+            if step in self.stuck:
+                continue
+            write_client(directory, i, 1_700_000_000 + i, 3, 1000)
+            code = 0
+            if (step, i) in self.fail:
+                (directory / f"client-{i}.err").write_text(self.fail[step, i] + "\n")
+                code = 1
+            events += [(i, "EXECUTE", {}), (i, "JOB_TERMINATED",
+                                           {"TerminatedNormally": True, "ReturnValue": code})]
+        self.logs[directory / "jobs.log"] = events
+        return 100 + len(self.submitted)
+
+    def remove(self, cluster: int, reason: str) -> None:
+        self.removed.append(cluster)
+
+    def events(self, log: Path) -> list[Event]:
+        return self.logs.get(log, [])
+
+
+def make_runner(tmp_path: Path, pool: RecordingPool, text: str = GOOD
+                ) -> tuple[Runner, list[str], list[list[str]]]:
+    spec = tmp_path / "c.yaml"
+    spec.write_text(text)
+    lines: list[str] = []
+    commands: list[list[str]] = []
+    now = [0.0]
+
+    def command(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+        commands.append(argv)
+        return subprocess.CompletedProcess(argv, 0, "0.5\n", "")
+
+    def sleep(s: float) -> None:
+        now[0] += s
+
+    runner = Runner(load_campaign(spec), spec, tmp_path / "out", pool=pool, echo=lines.append,
+                    clock=lambda: now[0], sleep=sleep, command=command)
+    return runner, lines, commands
+
+
+def test_runner_submits_each_step_and_renders(tmp_path: Path) -> None:
+    pool = RecordingPool()
+    runner, _, commands = make_runner(tmp_path, pool)
+    assert runner.run() == 0
+    assert commands == [["cache-mode", "xcache"]] * 2
+    assert len(pool.submitted) == 4 and not pool.removed
+    desc, items = pool.submitted[1]
+    assert desc["requirements"] == 'PilotSite == "frankfurt"'
+    assert (desc["+DesiredSites"], desc["+WantXCache"]) == ('"frankfurt"', "false")
+    assert desc["executable"].endswith("provisioner/benchread.py")
+    assert desc["transfer_output_remaps"] == '"reads.csv = client-$(client).csv"'
+    assert items == [{"client": "0", "url": "root://fra-cache:1094//root://gsi-storage:1094"
+                      "//data/f-0"}, {"client": "1", "url": "root://fra-cache:1094//root://"
+                                      "gsi-storage:1094//data/f-1"}]
+    assert desc["environment"] == '"XRD_CONNECTIONWINDOW=10 XRD_CONNECTIONRETRY=2"'
+    assert desc["arguments"] == ("$(url) --csv reads.csv --block-size 1M --stride 0 "
+                                 "--samples 4")
+    assert pool.submitted[3][0]["+Note"] == '"a \\"quoted\\" value"'
+    out = tmp_path / "out"
+    assert (out / "report.md").exists() and (out / "scaling.png").exists()
+    assert json.loads((out / "xcache" / "2" / "step.json").read_text())["status"] == "ok"
+
+
+def test_more_clients_than_files_read_round_robin(tmp_path: Path) -> None:
+    pool = RecordingPool()
+    runner, _, _ = make_runner(tmp_path, pool, GOOD.replace("[1, 2]", "[3]"))
+    assert runner.run() == 0
+    assert [i["url"][-3:] for i in pool.submitted[0][1]] == ["f-0", "f-1", "f-0"]
+
+
+def test_a_failed_client_stops_the_campaign_naming_it(tmp_path: Path) -> None:
+    pool = RecordingPool(fail={("xcache/2", 1): "bench read: root://x: wrong bytes in the "
+                                                "block at offset 0"})
+    runner, lines, _ = make_runner(tmp_path, pool)
+    assert runner.run() == 1
+    failure = next(line for line in lines if "FAILED" in line)
+    assert ("scenario xcache, 2 clients, client 1: bench read: root://x: wrong bytes"
+            in failure), failure
+    assert len(pool.submitted) == 2  # nothing after the failed step
+    assert pool.removed == [101, 102]  # only the campaign's own clusters
+    step = json.loads((tmp_path / "out" / "xcache" / "2" / "step.json").read_text())
+    assert step["status"] == "failed" and step["failed_clients"] == [1]
+    assert "client 1: bench read" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_a_step_that_takes_too_long_fails(tmp_path: Path) -> None:
+    pool = RecordingPool(stuck={"no-cache/1"})
+    runner, lines, _ = make_runner(tmp_path, pool)
+    assert runner.run() == 1
+    failure = next(line for line in lines if "FAILED" in line)
+    assert "scenario no-cache, 1 client: timed out after 100 s (1 idle" in failure, failure
+    progress = [line for line in lines if line.startswith("scenario no-cache, 1 client: ")
+                and " idle, " in line]
+    assert 10 <= len(progress) <= 21  # at most one line per 5 s of a 100 s step
+    assert pool.removed == [101, 102, 103]
+
+
+def test_a_fio_client_asks_for_a_whole_pilot_and_ships_its_jobfile(tmp_path: Path) -> None:
+    pool = RecordingPool()
+    text = (REPO / "deploy/testbed/campaigns/fio-seq.yaml").read_text()
+    runner, _, _ = make_runner(tmp_path, pool, text)
+    runner.file = REPO / "deploy/testbed/campaigns/fio-seq.yaml"
+    desc = runner.description(tmp_path, "frankfurt", "seq-read", 2, warm=False)
+    assert desc["request_cpus"] == "4"
+    assert desc["executable"].endswith("provisioner/campaign/fioclient.py")
+    assert desc["transfer_input_files"].endswith("deploy/testbed/campaigns/seq-read.fio")
+    assert desc["arguments"] == "seq-read.fio --json fio.json --netdev netdev.csv"
+    assert desc["requirements"] == 'PilotSite == "frankfurt"'
+    assert runner.steps() == [("seq-read", [1, 2])]
+
+
+def test_the_fio_client_samples_the_network_while_fio_runs(tmp_path: Path) -> None:
+    fake = tmp_path / "fio"
+    fake.write_text("#!/bin/sh\nsleep 1.5\nfor a in \"$@\"; do case $a in --output=*) "
+                    "echo '{\"jobs\": []}' > \"${a#--output=}\";; esac; done\n")
+    fake.chmod(0o755)
+    (tmp_path / "job.fio").write_text("[x]\n")
+    script = REPO / "provisioner/campaign/fioclient.py"
+    proc = subprocess.run(["python3", str(script), "job.fio", "--fio", str(fake)],
+                          cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "fio.json").read_text()) == {"jobs": []}
+    rows = list(csv.DictReader((tmp_path / "netdev.csv").open()))
+    assert len({r["second"] for r in rows}) >= 2 and {"lo"} <= {r["interface"] for r in rows}
+    missing = subprocess.run(["python3", str(script), "job.fio", "--fio", "/nonexistent/fio"],
+                             cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert missing.returncode == 1 and "fio client: cannot run /nonexistent/fio" in missing.stderr
+
+
+# -- the submit file condor_submit reads -----------------------------------------------------
+def test_submit_file_queues_each_item_after_its_variables() -> None:
+    text = submit_file({"executable": "x", "arguments": "$(url) --csv r.csv"},
+                       [{"client": "0", "url": "root://a//f0"}, {"client": "1"}])
+    assert text.splitlines() == [
+        "executable = x", "arguments = $(url) --csv r.csv",
+        "client = 0", "url = root://a//f0", "queue 1", "client = 1", "queue 1"]
+
+
+@pytest.mark.parametrize("where", ["key", "value", "item"])
+def test_submit_file_refuses_a_line_break(where: str) -> None:
+    desc, items = {"a": "1"}, [{"client": "0"}]
+    if where == "key":
+        desc = {"a\nqueue 9": "1"}
+    elif where == "value":
+        desc = {"a": "1\nexecutable = /bin/sh"}
+    else:
+        items = [{"client": "0\rqueue"}]
+    with pytest.raises(ValueError, match="line break"):
+        submit_file(desc, items)
+
+
+def test_condor_pool_runs_condor_submit_and_rm_as_argv(tmp_path: Path) -> None:
+    calls: list[list[str]] = []
+
+    def command(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+        calls.append(argv)
+        out = "17.0 - 17.1\n" if argv[0] == "condor_submit" else ""
+        return subprocess.CompletedProcess(argv, 0, out, "")
+
+    pool = CondorPool(command)
+    assert pool.submit({"initialdir": str(tmp_path), "executable": "x"},
+                       [{"client": "0"}, {"client": "1"}]) == 17
+    assert calls[0] == ["condor_submit", "-terse", str(tmp_path / "clients.sub")]
+    assert (tmp_path / "clients.sub").read_text().count("queue 1") == 2
+    pool.remove(17, "campaign failed; it said \"why\"")
+    assert calls[1] == ["condor_rm", "-reason", "campaign failed; it said \"why\"", "17"]
+
+
+def test_condor_pool_reports_condor_submit_errors(tmp_path: Path) -> None:
+    def command(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess(argv, 1, "", "ERROR: Executable file x not found\n")
+
+    with pytest.raises(RuntimeError, match="Executable file x not found"):
+        CondorPool(command).submit({"initialdir": str(tmp_path)}, [{"client": "0"}])
