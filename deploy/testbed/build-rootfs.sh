@@ -103,8 +103,11 @@ bootstrap "$base"
 # Jobs read data through XCache (xrdcp, the Python client, the client proxy
 # plugin that makes the cache transparent) and check it (coreutils); fio for
 # the file system campaigns.
+# Apptainer (from sid, as on the hosts) runs jobs in their own containers, nested in
+# the pilot's (unprivileged: user namespaces).
 apt_in "$base" "$target.pilot-base.log" "apt-get install -y -q condor procps xrootd-client \
-    xrootd-client-plugins python3-xrootd fio && apt-get clean"
+    xrootd-client-plugins python3-xrootd fio \
+    && apt-get install -y -q -t sid $(packages "$TB_DIR/sid-packages.txt") && apt-get clean"
 rm -f "$base/usr/sbin/policy-rc.d"
 
 # Accounts: alice submits jobs; pilot is the site account pilot jobs run as.

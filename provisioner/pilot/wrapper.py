@@ -174,15 +174,24 @@ def local_config(p: PilotParams, workdir: Path) -> str:
 #: them by the job wrapper below.
 PRIVATE_DIRS = ("tokens.d", "passwords.d", "fsauth")
 
-#: USER_JOB_WRAPPER: runs every payload in a user+mount namespace where
+#: USER_JOB_WRAPPER: runs every payload in a user+mount+PID namespace where
 #: - an empty tmpfs covers the pilot's private directories, and
 #: - empty tmpfs cover the node's scratch directory (where every pilot of the
 #:   site account keeps its work directory: tokens, other jobs' sandboxes), /tmp,
 #:   /var/tmp and /dev/shm; the job's own sandbox is mounted back in place,
+#: - /proc shows the job's own processes only (its own PID namespace: it can
+#:   neither list nor signal another job's processes),
 #: then drops into a nested user namespace. Mounts made in the outer namespace
 #: are locked in the inner one, so the payload cannot unmount them to reveal what
 #: they cover. Fails closed: if a namespace or a mount cannot be made, the job
 #: does not run.
+#: Signals: the starter signals this script (the job's top process); it forwards
+#: them to the namespace's first process (a shell with traps: PID 1 ignores what it
+#: has no handler for), which forwards them to the payload. A payload killed by a
+#: signal ends this script by the same signal (exit status 128+N is read as that).
+#: `wait` returns early when a trap ran (`woken`): it is called again for the real
+#: status (127 then means the status was the one already seen).
+#: `{pid}` is "--pid --fork --mount-proc" (or empty: the PID namespace off).
 JOB_WRAPPER = """#!/bin/sh
 set -e
 # A job that asked for it (+WantXCache = false) reads root:// URLs directly.
@@ -191,7 +200,18 @@ then
     unset XRD_PLUGIN XROOT_PROXY XROOT_PROXY_EXCL_DOMAINS
 fi
 sandbox=${{_CONDOR_SCRATCH_DIR:-$PWD}}
-exec unshare --user --map-root-user --mount -- /bin/sh -c '
+ns=; pending=
+forward() {{
+    woken=1
+    if [ -z "$ns" ]; then pending=$1; return; fi
+    kill -s "$1" $(cat /proc/$ns/task/$ns/children 2>/dev/null) 2>/dev/null
+}}
+for sig in TERM INT HUP QUIT USR1 USR2 ALRM; do trap "forward $sig" $sig; done
+set +e
+unshare --user --map-root-user --mount {pid} -- /bin/sh -c '
+job=; pending=
+fwd() {{ woken=1; if [ -n "$job" ]; then kill -s "$1" "$job" 2>/dev/null; else pending=$1; fi; }}
+for sig in TERM INT HUP QUIT USR1 USR2 ALRM; do trap "fwd $sig" $sig; done
 set -e
 uid=$1; gid=$2; sandbox=$3; shift 3
 while [ "$1" != -- ]; do mount -t tmpfs -o size=4k,mode=0700 pilot-private "$1"; shift; done
@@ -208,9 +228,36 @@ mkdir -p "$sandbox"
 mount --move /mnt/sandbox "$sandbox"
 umount /mnt
 cd "$sandbox"
-exec unshare --user --map-user="$uid" --map-group="$gid" -- "$@"
-' job-wrapper "$(id -u)" "$(id -g)" "$sandbox" {hide} -- {cover} -- "$@"
+set +e
+unshare --user --map-user="$uid" --map-group="$gid" -- "$@" &
+job=$!
+if [ -n "$pending" ]; then kill -s "$pending" $job 2>/dev/null; fi
+rc=
+while :; do
+    woken=; wait $job; s=$?
+    if [ $s -eq 127 ] && [ -n "$rc" ]; then break; fi
+    rc=$s; [ -n "$woken" ] || break
+done
+exit $rc
+' job-wrapper "$(id -u)" "$(id -g)" "$sandbox" {hide} -- {cover} -- "$@" &
+ns=$!
+if [ -n "$pending" ]; then forward "$pending"; fi
+rc=
+while :; do
+    woken=; wait $ns; s=$?
+    if [ $s -eq 127 ] && [ -n "$rc" ]; then break; fi
+    rc=$s; [ -n "$woken" ] || break
+done
+if [ $rc -gt 128 ] && [ $rc -lt 160 ]; then
+    sig=$(kill -l $((rc - 128)))
+    trap - "$sig"
+    kill -s "$sig" $$
+fi
+exit $rc
 """
+
+#: The job wrapper's PID namespace options (empty switches it off: tests only).
+PID_NAMESPACE = "--pid --fork --mount-proc"
 
 #: Covered for every job besides the node's scratch directory.
 SHARED_TMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
@@ -266,7 +313,7 @@ def prepare(p: PilotParams) -> tuple[Path, Path]:
         (workdir / sub).mkdir(mode=0o700, parents=True)
     wrapper = workdir / "job-wrapper.sh"
     wrapper.write_text(JOB_WRAPPER.format(
-        hide=" ".join(shlex.quote(str(workdir / d)) for d in PRIVATE_DIRS),
+        pid=PID_NAMESPACE, hide=" ".join(shlex.quote(str(workdir / d)) for d in PRIVATE_DIRS),
         cover=" ".join(shlex.quote(d) for d in covered_dirs(p.scratch))))
     wrapper.chmod(0o755)
     plugin = workdir / TRANSFER_PLUGIN

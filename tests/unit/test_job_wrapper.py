@@ -5,12 +5,13 @@ particular no pilot's token, its own pilot's or another's on the same node."""
 from __future__ import annotations
 
 import shlex
+import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from provisioner.pilot.wrapper import JOB_WRAPPER, PRIVATE_DIRS, covered_dirs
+from provisioner.pilot.wrapper import JOB_WRAPPER, PID_NAMESPACE, PRIVATE_DIRS, covered_dirs
 
 PROBE = """
 cat "$OTHER/tokens.d/pilot" 2>/dev/null && echo LEAK-other-token
@@ -39,11 +40,17 @@ def _node(tmp_path: Path) -> dict[str, Path]:
     return {"scratch": scratch, "sandbox": sandbox, "neighbour": neighbour, **dirs}
 
 
-def _run(tmp_path: Path, node: dict[str, Path], cover: list[str]) -> str:
+def _script(tmp_path: Path, node: dict[str, Path], cover: list[str],
+            pid: str = PID_NAMESPACE) -> Path:
     script = tmp_path / "job-wrapper.sh"
     script.write_text(JOB_WRAPPER.format(
-        hide=" ".join(shlex.quote(str(node["own"] / d)) for d in PRIVATE_DIRS),
+        pid=pid, hide=" ".join(shlex.quote(str(node["own"] / d)) for d in PRIVATE_DIRS),
         cover=" ".join(shlex.quote(d) for d in cover)))
+    return script
+
+
+def _run(tmp_path: Path, node: dict[str, Path], cover: list[str]) -> str:
+    script = _script(tmp_path, node, cover)
     Path("/tmp/tmp-marker").write_text("x")
     env = {"PATH": "/usr/bin:/bin", "_CONDOR_SCRATCH_DIR": str(node["sandbox"]),
            "OWN": str(node["own"]), "OTHER": str(node["other"]),
@@ -56,7 +63,8 @@ def _run(tmp_path: Path, node: dict[str, Path], cover: list[str]) -> str:
 
 @pytest.fixture
 def node(tmp_path: Path) -> dict[str, Path]:
-    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "true"],
+    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount",
+                            *PID_NAMESPACE.split(), "true"],
                            capture_output=True, check=False)
     if probe.returncode != 0:
         pytest.fail("this machine cannot make user namespaces: the job wrapper cannot be "
@@ -84,3 +92,72 @@ def test_covered_dirs() -> None:
     assert covered_dirs(Path("/tmp")) == ["/tmp", "/var/tmp", "/dev/shm"]
     assert covered_dirs(Path("/local/")) == ["/local", "/tmp", "/var/tmp", "/dev/shm"]
     assert covered_dirs(Path("/")) == ["/tmp", "/var/tmp", "/dev/shm"]
+
+
+# -- the job's own PID namespace --------------------------------------------------------------
+PS_PROBE = """
+[ -e /proc/$OTHER_PID ] && echo LEAK-sees-pid
+kill -0 $OTHER_PID 2>/dev/null && echo LEAK-can-signal
+echo procs=$(ls -d /proc/[0-9]* | wc -l)
+"""
+
+
+def _job(tmp_path: Path, node: dict[str, Path], payload: str, pid: str = PID_NAMESPACE,
+         **env: str) -> subprocess.Popen[str]:
+    script = _script(tmp_path, node, covered_dirs(node["scratch"]), pid)
+    return subprocess.Popen(["/bin/sh", str(script), "/bin/sh", "-c", payload],
+                            env={"PATH": "/usr/bin:/bin", "_CONDOR_SCRATCH_DIR":
+                                 str(node["sandbox"]), **env},
+                            cwd=node["sandbox"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("pid", [PID_NAMESPACE, ""], ids=["pid-namespace", "switched-off"])
+def test_a_job_can_neither_see_nor_signal_another_jobs_process(
+        tmp_path: Path, node: dict[str, Path], pid: str) -> None:
+    """Another job's process of the same account: invisible with the PID namespace;
+    with it switched off the probe sees and could signal it (the test can fail)."""
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        proc = _job(tmp_path, node, PS_PROBE, pid, OTHER_PID=str(other.pid))
+        out, err = proc.communicate(timeout=30)
+    finally:
+        other.kill()
+        other.wait()
+    assert proc.returncode == 0, err
+    if pid:
+        assert "LEAK" not in out and "procs=" in out, out
+        assert int(out.split("procs=")[1].split()[0]) <= 5, out  # its own few processes
+    else:
+        assert "LEAK-sees-pid" in out and "LEAK-can-signal" in out, out
+
+
+def test_the_payloads_exit_status_passes_through(tmp_path: Path,
+                                                 node: dict[str, Path]) -> None:
+    proc = _job(tmp_path, node, "echo out; exit 3")
+    out, _ = proc.communicate(timeout=30)
+    assert (proc.returncode, out) == (3, "out\n")
+
+
+def _started(proc: subprocess.Popen[str]) -> None:
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == "started\n"
+
+
+def test_a_soft_kill_reaches_the_payload(tmp_path: Path, node: dict[str, Path]) -> None:
+    """HTCondor signals the wrapper (the job's top process): the payload's handler runs."""
+    proc = _job(tmp_path, node, 'trap "echo got-TERM; exit 7" TERM; echo started; '
+                                "sleep 60 & wait")
+    _started(proc)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=15)
+    assert (proc.returncode, out) == (7, "got-TERM\n")
+
+
+def test_a_payload_killed_by_a_signal_ends_the_wrapper_by_it(tmp_path: Path,
+                                                             node: dict[str, Path]) -> None:
+    proc = _job(tmp_path, node, "echo started; exec sleep 60")
+    _started(proc)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=15)
+    assert proc.returncode == -signal.SIGTERM

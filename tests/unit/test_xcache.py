@@ -130,7 +130,7 @@ def test_transfer_plugin_honours_the_opt_out(tmp_path: Path) -> None:
 
 def test_job_wrapper_opt_out_unsets_the_proxy(tmp_path: Path) -> None:
     """The opt-out part of the job wrapper, run up to the namespace step."""
-    head = wrapper.JOB_WRAPPER.format(hide="", cover="").split("exec unshare", 1)[0]
+    head = wrapper.JOB_WRAPPER.format(pid="", hide="", cover="").split("ns=; pending=", 1)[0]
     script = head + 'echo "proxy=${XROOT_PROXY:-none} plugin=${XRD_PLUGIN:-none}"\n'
     ad = tmp_path / "job.ad"
     base = {"PATH": "/usr/bin:/bin", **proxy_environment(CACHE), "_CONDOR_JOB_AD": str(ad)}

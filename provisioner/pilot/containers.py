@@ -1,0 +1,65 @@
+"""Jobs in their own containers on a pilot: HTCondor's native container support,
+switched on only where it works.
+
+At start, before the master runs, the pilot tests the node: inside its own container
+it runs ``apptainer exec`` of an image (the pilot's own image by default) with the
+options the starter will use. Only if that succeeds does the pilot's configuration
+name Apptainer as HTCondor's ``SINGULARITY``; the startd then runs its own launch test
+and advertises ``HasSingularity``, ``HasContainer``, ``HasSIF`` and
+``HasSandboxImage``. If it fails, ``SINGULARITY`` stays unset: the startd advertises
+no container support, container jobs never match this pilot, and the reason is in the
+pilot's log and its ad (``PilotContainerError``).
+
+Jobs that ask for a container: ``container_image`` (a ``.sif`` file or a directory,
+on a shared path the site binds into pilots or transferred from the submit host) and
+``+SingularityImage``. Registry images (``docker://``...) are refused by the submit
+side's configuration (condor_config/): worker nodes reach no registry.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+#: Where the pilot image has Apptainer (images/pilot.def installs it).
+APPTAINER = "/usr/bin/apptainer"
+
+#: A command in the pilot's container: argv -> (exit status, output).
+Execute = Callable[[list[str]], tuple[int, str]]
+
+
+@dataclass(frozen=True)
+class ContainerSupport:
+    ok: bool
+    detail: str  # "apptainer exec of IMAGE: 0.4 s" or why it failed
+    seconds: float = 0.0
+
+
+def self_test(execute: Execute, image: str, apptainer: str = APPTAINER,
+              clock: Callable[[], float] = time.monotonic) -> ContainerSupport:
+    """Run ``apptainer exec IMAGE /bin/true`` nested in the pilot's container."""
+    if not image:
+        return ContainerSupport(False, "no test image")
+    argv = [apptainer, "-s", "exec", "--contain", "--cleanenv", "--no-home", "--pid",
+            image, "/bin/true"]
+    start = clock()
+    try:
+        rc, out = execute(argv)
+    except Exception as exc:  # spython raises on a missing binary or image
+        return ContainerSupport(False, f"apptainer exec of {image}: {exc}")
+    seconds = clock() - start
+    if rc != 0:
+        text = " | ".join(line.strip() for line in out.splitlines() if line.strip())[-300:]
+        return ContainerSupport(False, f"apptainer exec of {image} failed (exit {rc}): "
+                                       f"{text or 'no output'}", seconds)
+    return ContainerSupport(True, f"apptainer exec of {image}: {seconds:.1f} s", seconds)
+
+
+def container_config(support: ContainerSupport, apptainer: str = APPTAINER) -> dict[str, str]:
+    """The pilot-local HTCondor settings for the test's outcome."""
+    if support.ok:
+        return {"SINGULARITY": apptainer}
+    reason = support.detail.replace("\\", "\\\\").replace('"', '\\"')
+    return {"SINGULARITY": "", "PilotContainerError": f'"{reason}"',
+            "STARTD_ATTRS": "$(STARTD_ATTRS) PilotContainerError"}
