@@ -163,8 +163,10 @@ def tree_size(root: Path) -> int:
     symbolic links; symbolic links are not followed."""
     seen: set[tuple[int, int]] = set()
     total = 0
-    for dirpath, _dirs, files in os.walk(root, followlinks=False, onerror=None):
-        for name in files:
+    for dirpath, dirs, files in os.walk(root, followlinks=False):
+        # a symbolic link to a directory is listed with the directories
+        links = [d for d in dirs if os.path.islink(os.path.join(dirpath, d))]
+        for name in [*files, *links]:
             try:
                 st = os.lstat(os.path.join(dirpath, name))
             except OSError:
