@@ -2,8 +2,10 @@
 
 Checks, each named in the output and failing loudly (exit 1):
 
-- image: the path exists and is a SIF file, a SquashFS image or a sandbox directory;
-  `apptainer inspect` reads it (apptainer itself missing fails here too);
+- apptainer: `apptainer --version` runs (missing or broken: every other check but
+  image is skipped);
+- image: the path exists and is a SIF file, a SquashFS image or a sandbox directory,
+  and `apptainer inspect` reads it;
 - %test: the image has a %test section and `apptainer test` passes;
 - environment: every variable the image declares in its label `LABEL_ENVIRONMENT`
   (names separated by spaces or commas), plus any named with --env, is set and not
