@@ -1,4 +1,5 @@
-"""`provisioner run | once | status | report | check-config | xcache-url | bench | campaign`."""
+"""`provisioner run | once | status | report | check-config | xcache-url | bench | campaign |
+image`."""
 
 from __future__ import annotations
 
@@ -129,6 +130,10 @@ def main(argv: list[str] | None = None) -> int:
         from provisioner.campaign.command import main as campaign_main
 
         return campaign_main(argv[1:])
+    if argv[:1] == ["image"]:  # no configuration needed; its own parser, as campaign
+        from provisioner.image import main as image_main
+
+        return image_main(argv[1:])
     parser = argparse.ArgumentParser(prog="provisioner",
                                      description="HTCondor pilots on SLURM sites, on demand.")
     parser.add_argument("-c", "--config", default=os.environ.get("PROVISIONER_CONFIG",
@@ -161,6 +166,10 @@ def main(argv: list[str] | None = None) -> int:
     campaign = sub.add_parser("campaign", help="benchmark campaigns: `campaign run FILE.yaml`, "
                               "`campaign report DIR` (needs a running service)", add_help=False)
     campaign.add_argument("args", nargs=argparse.REMAINDER)
+    image = sub.add_parser("image", help="payload images: `image check IMAGE.sif` runs its "
+                           "%%test, checks its environment, measures start-up and size (no "
+                           "configuration needed)", add_help=False)
+    image.add_argument("args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -176,6 +185,10 @@ def main(argv: list[str] | None = None) -> int:
         from provisioner.campaign.command import main as campaign_main
 
         return campaign_main(args.args)  # after global options: provisioner -v campaign ...
+    if args.command == "image":
+        from provisioner.image import main as image_main
+
+        return image_main(args.args)
     if args.command == "report" and args.journal:
         return cmd_report(args.journal, args.since, args.site, args.out)
     config = _load(args.config)
