@@ -100,6 +100,15 @@ log "building the pilot image base /opt/testbed/pilot-base"
 base="$target/opt/testbed/pilot-base"
 mkdir -p "$(dirname "$base")"
 bootstrap "$base"
+# The example payload image's base (images/payload.def): the same minimal trixie,
+# copied before HTCondor goes in, with a tool chain instead (payloads compile and
+# run experiment code; they need no HTCondor).
+log "building the payload image base /opt/testbed/payload-base"
+payload_base="$target/opt/testbed/payload-base"
+cp -a "$base" "$payload_base"
+apt_in "$payload_base" "$target.payload-base.log" "apt-get install -y -q gcc libc6-dev make \
+    python3 && apt-get clean"
+rm -f "$payload_base/usr/sbin/policy-rc.d"
 # Jobs read data through XCache (xrdcp, the Python client, the client proxy
 # plugin that makes the cache transparent) and check it (coreutils); fio for
 # the file system campaigns.

@@ -61,4 +61,5 @@ check_apptainer() {
     [ -e /var/log/testbed/post-start.failed ] && { echo "post-start failed: see init.log"; return 2; }
     [ -e /var/log/testbed/post-start.done ] || { echo "pilot image not built yet"; return 1; }
     on gsi-n1 -u pilot -- apptainer -s exec /opt/images/pilot.sif true || return 1
+    on gsi-n1 -u pilot -- apptainer -s exec /opt/images/payload.sif true || return 1
 }

@@ -32,26 +32,34 @@ install -m 0400 /etc/provisioner/tokens.d/provisioner /root/.condor/tokens.d/pro
 token pilot@testbed /etc/provisioner/pilot.token pilot \
     READ ADVERTISE_MASTER ADVERTISE_STARTD DAEMON
 
-# The pilot image.
-key=$(cat /src/images/pilot.def /etc/testbed-rootfs-key 2>/dev/null | sha256sum | cut -c1-12)
-sif=/opt/images/pilot-$key.sif
-if [ ! -s "$sif" ]; then
-    echo "building the pilot image $sif"
-    # An unprivileged build copies the base tree: it must hold no device
-    # nodes and nothing the pilot account cannot read.
-    base=/opt/testbed/pilot-base
-    find "$base/dev" -mindepth 1 -delete
-    find "$base" -xdev \( -type f ! -perm -o+r -exec chmod o+r {} + \) -o \
-        \( -type d ! -perm -o+rx -exec chmod o+rx {} + \)
-    work=$(runuser -u pilot -- mktemp -d /var/tmp/pilot-image.XXXXXX)
-    runuser -u pilot -- env -C "$work" APPTAINER_TMPDIR="$work" \
-        apptainer -q build "$work/pilot.sif" /src/images/pilot.def
-    mv "$work/pilot.sif" "$sif.tmp"
-    mv "$sif.tmp" "$sif"
-    rm -rf "$work"
-    find /opt/images -name 'pilot-*.sif' ! -name "pilot-$key.sif" -delete
-fi
-ln -sfn "$sif" /opt/images/pilot.sif
+# The Apptainer images: /opt/images/NAME.sif from /src/images/NAME.def and a base
+# tree, built once per definition and rootfs (cached), as the pilot account:
+# Apptainer builds unprivileged only (a definition file implies --fakeroot; %post
+# runs in a user namespace), and the images must be what a site account can build.
+build_image() {  # name, base tree
+    local name=$1 base=$2 key sif work
+    key=$(cat "/src/images/$name.def" /etc/testbed-rootfs-key 2>/dev/null | sha256sum | cut -c1-12)
+    sif=/opt/images/$name-$key.sif
+    if [ ! -s "$sif" ]; then
+        echo "building the $name image $sif"
+        # An unprivileged build copies the base tree: it must hold no device
+        # nodes and nothing the pilot account cannot read.
+        find "$base/dev" -mindepth 1 -delete
+        find "$base" -xdev \( -type f ! -perm -o+r -exec chmod o+r {} + \) -o \
+            \( -type d ! -perm -o+rx -exec chmod o+rx {} + \)
+        work=$(runuser -u pilot -- mktemp -d "/var/tmp/$name-image.XXXXXX")
+        runuser -u pilot -- env -C "$work" APPTAINER_TMPDIR="$work" \
+            apptainer -q build --build-arg "base=$base" "$work/$name.sif" "/src/images/$name.def"
+        mv "$work/$name.sif" "$sif.tmp"
+        mv "$sif.tmp" "$sif"
+        rm -rf "$work"
+        find /opt/images -name "$name-*.sif" ! -name "$name-$key.sif" -delete
+    fi
+    ln -sfn "$sif" "/opt/images/$name.sif"
+}
+build_image pilot /opt/testbed/pilot-base
+# The example payload (images/payload.def); its %test runs during the build.
+build_image payload /opt/testbed/payload-base
 
 # The provisioner itself, from the repository mounted at /src.
 /opt/venv/bin/pip install -q --no-deps --no-build-isolation --disable-pip-version-check -e /src
