@@ -247,6 +247,13 @@ class PilotRuntimeConfig(_Model):
         default_factory=list)
     start_delay_max_s: int = Field(default=30, ge=0)
     noclaim_shutdown_s: int = Field(default=1200, gt=0)
+    #: Jobs in their own containers (container_image, +SingularityImage), nested in
+    #: the pilot's: on where the node passes the pilot's start-up test.
+    containers: bool = True
+    #: The image that start-up test runs ("" = the pilot image itself).
+    container_test_image: str = Field(default="", pattern=r"^(|/[A-Za-z0-9_./+@%=,-]*)$")
+    #: The image jobs that name none run in ("" = none: they run in the pilot's).
+    payload_image: str = Field(default="", pattern=r"^(|/[A-Za-z0-9_./+@%=,-]*)$")
 
 
 _HOST = r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$"

@@ -91,6 +91,11 @@ def prototype_ad(site: SiteConfig, pool: PoolConfig) -> Any:
         attrs["OpSysAndVer"] = site.pilot_ad.opsys_and_ver
     if site.xcache:
         attrs["PilotXCache"] = site.xcache
+    if site.runtime.containers:
+        # What a pilot whose start-up test passed advertises (pilot/containers.py);
+        # registry images are refused on the submit side, never matched here.
+        attrs.update({"HasContainer": True, "HasSingularity": True, "HasSIF": True,
+                      "HasSandboxImage": True, "HasDockerURL": False})
     attrs.update(site.pilot_ad.extra_attributes)
     ad = ca.ClassAd(attrs)
     ad["PilotStopAt"] = ca.ExprTree(f"PilotWalltimeEnd - {int(p.shutdown_margin_s)}")

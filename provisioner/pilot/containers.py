@@ -56,10 +56,30 @@ def self_test(execute: Execute, image: str, apptainer: str = APPTAINER,
     return ContainerSupport(True, f"apptainer exec of {image}: {seconds:.1f} s", seconds)
 
 
-def container_config(support: ContainerSupport, apptainer: str = APPTAINER) -> dict[str, str]:
-    """The pilot-local HTCondor settings for the test's outcome."""
-    if support.ok:
-        return {"SINGULARITY": apptainer}
-    reason = support.detail.replace("\\", "\\\\").replace('"', '\\"')
-    return {"SINGULARITY": "", "PilotContainerError": f'"{reason}"',
-            "STARTD_ATTRS": "$(STARTD_ATTRS) PilotContainerError"}
+def _classad_string(value: str) -> str:
+    """A ClassAd string literal safe as an HTCondor config value: one line, and no
+    ``$`` (the config language would expand ``$(...)``)."""
+    value = "".join(c if c.isprintable() and c != "$" else " " for c in value)
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def container_config(support: ContainerSupport, payload_image: str = "",
+                     apptainer: str = APPTAINER) -> dict[str, str]:
+    """The pilot-local HTCondor settings for the test's outcome.
+
+    Passed: Apptainer is HTCondor's ``SINGULARITY``; with a site's default payload
+    image, jobs that name no image run in it (``SINGULARITY_JOB`` for all). Failed:
+    ``SINGULARITY`` is empty, so the startd advertises no container support. Either
+    way the outcome is in the pilot's ad (``PilotContainerTest``)."""
+    settings = {"PilotContainerTest": _classad_string(("ok: " if support.ok else "failed: ")
+                                                      + support.detail),
+                "STARTD_ATTRS": "$(STARTD_ATTRS) PilotContainerTest"}
+    if not support.ok:
+        return {"SINGULARITY": "", **settings}
+    settings["SINGULARITY"] = apptainer
+    if payload_image:
+        settings["SINGULARITY_JOB"] = "true"
+        settings["SINGULARITY_IMAGE_EXPR"] = (
+            f"ifThenElse(isUndefined(TARGET.SingularityImage), "
+            f"{_classad_string(payload_image)}, TARGET.SingularityImage)")
+    return settings

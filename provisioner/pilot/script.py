@@ -89,6 +89,9 @@ def render_pilot_script(config: Config, site: SiteConfig, walltime_s: int) -> st
         scratch=rt.scratch,
         log_dir=rt.log_dir,
         bind=",".join(rt.bind),
+        containers="1" if rt.containers else "0",
+        container_test_image=rt.container_test_image or site.image,
+        payload_image=rt.payload_image,
         xcache=site.xcache or "",
         xcache_exclude=",".join(site.xcache_exclude),
     )

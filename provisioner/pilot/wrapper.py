@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from provisioner.pilot.containers import ContainerSupport, container_config, self_test
 from provisioner.xcache import proxy_environment
 
 log = logging.getLogger("provisioner.pilot")
@@ -60,6 +61,9 @@ class PilotParams:
     xcache: str | None
     xcache_exclude: tuple[str, ...] = ()
     bind: tuple[str, ...] = ()
+    containers: bool = False
+    container_test_image: str = ""
+    payload_image: str = ""
 
     @property
     def name(self) -> str:
@@ -116,6 +120,9 @@ def params_from_env(env: dict[str, str], now: float) -> PilotParams:
         xcache=env.get("PILOT_XCACHE") or None,
         xcache_exclude=tuple(d for d in env.get("PILOT_XCACHE_EXCLUDE", "").split(",") if d),
         bind=tuple(d for d in env.get("PILOT_BIND", "").split(",") if d),
+        containers=env.get("PILOT_CONTAINERS", "0") == "1",
+        container_test_image=env.get("PILOT_CONTAINER_TEST_IMAGE") or env.get("PILOT_IMAGE", ""),
+        payload_image=env.get("PILOT_PAYLOAD_IMAGE", ""),
     )
 
 
@@ -293,6 +300,10 @@ exec xrdcp --nopbar --force "$1" "$2"
 """
 
 
+def _under(path: str, dirs: tuple[str, ...]) -> bool:
+    return any(path == d or path.startswith(d.rstrip("/") + "/") for d in dirs)
+
+
 def container_env(p: PilotParams) -> dict[str, str]:
     """Environment of the pilot's daemons in the container (besides CONDOR_CONFIG):
     the cache's proxy settings, which the root:// transfer plugin inherits."""
@@ -357,7 +368,25 @@ class Pilot:
 
     def _binds(self) -> list[str]:
         """The pilot's own directory, and the site's shared directories read-only."""
-        return [str(self.workdir), *(f"{d}:{d}:ro" for d in self.p.bind)]
+        images = [i for i in {self.p.container_test_image, self.p.payload_image}
+                  if i and self.p.containers and not _under(i, self.p.bind)]
+        return [str(self.workdir), *(f"{d}:{d}:ro" for d in self.p.bind),
+                *(f"{i}:{i}:ro" for i in sorted(images))]
+
+    def enable_containers(self) -> ContainerSupport | None:
+        """Test nested Apptainer on this node; configure the startd by the outcome."""
+        if not self.p.containers:
+            return None
+        support = self_test(self._in_container, self.p.container_test_image)
+        if support.ok:
+            log.info("container support: %s", support.detail)
+        else:
+            log.warning("no container support on this node: %s", support.detail)
+        settings = container_config(support, self.p.payload_image)
+        with self.config.open("a") as f:
+            f.write("# --- container support (start-up test) ---\n")
+            f.writelines(f"{k} = {v}\n" for k, v in settings.items())
+        return support
 
     def _options(self) -> list[str]:
         # --no-home: the pilot account's home (where sites often keep the pilot
@@ -464,6 +493,7 @@ def main() -> int:
         log.error("%s", exc)
         return 2
     pilot = Pilot(params, workdir, config)
+    pilot.enable_containers()
     signal.signal(signal.SIGTERM, pilot.on_term)
     signal.signal(signal.SIGINT, pilot.on_term)
     signal.signal(signal.SIGUSR1, pilot.on_release)

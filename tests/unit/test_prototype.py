@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from provisioner.condor import queue_view
-from provisioner.config import PilotAdConfig, PoolConfig
+from provisioner.config import PilotAdConfig, PilotRuntimeConfig, PoolConfig
 from provisioner.model import Demand, JobShape, PilotState
 from provisioner.plan import plan
 from provisioner.prototype import PILOT_START, SiteMatcher, conjuncts, prototype_ad, site_verdict
@@ -47,13 +47,20 @@ def test_a_normal_job_matches_every_site() -> None:
 
 
 def test_a_container_job_matches_only_where_pilots_offer_containers() -> None:
-    container = shape("TARGET.HasSingularity")
-    [none] = annotate(two_sites(), container)
+    """The container job condor_submit writes for `container_image = x.sif`."""
+    container = shape("TARGET.HasContainer && TARGET.HasSIF")
+    no_containers = PilotRuntimeConfig(containers=False)
+    fra = site("frankfurt").model_copy(update={"runtime": no_containers})
+    gsi = site("gsi").model_copy(update={"runtime": no_containers})
+    [none] = annotate(config(gsi, fra), container)
     assert none.sites == frozenset()
     assert none.mismatch == ("Requirements not met by any site's pilot ad: "
-                             "TARGET.HasSingularity (undefined: TARGET.HasSingularity)")
-    [fra] = annotate(two_sites(extra_attributes={"HasSingularity": True}), container)
-    assert fra.sites == frozenset({"frankfurt"})
+                             "TARGET.HasContainer (undefined: TARGET.HasContainer)")
+    [one] = annotate(config(gsi, site("frankfurt")), container)
+    assert one.sites == frozenset({"frankfurt"})
+    [docker] = annotate(config(gsi, site("frankfurt")),
+                        shape("TARGET.HasContainer && TARGET.HasDockerURL"))
+    assert docker.sites == frozenset()
 
 
 def test_opsys_mismatch_and_an_attribute_pilots_lack_are_unmatchable() -> None:
@@ -102,13 +109,13 @@ def test_rows_without_requirements_are_left_as_they_were() -> None:
     assert annotate(two_sites(), plain) == [Demand(plain, 3)]
     off = two_sites().model_copy(update={"policy": two_sites().policy.model_copy(
         update={"match_requirements": False})})
-    assert annotate(off, shape("TARGET.HasSingularity")) == [
-        Demand(shape("TARGET.HasSingularity"), 3)]
+    assert annotate(off, shape("TARGET.HasCVMFS_atlas")) == [
+        Demand(shape("TARGET.HasCVMFS_atlas"), 3)]
 
 
 def test_one_evaluation_per_shape_and_site_across_cycles() -> None:
     matcher = SiteMatcher(two_sites())
-    rows = [Demand(shape(), 3), Demand(shape("TARGET.HasSingularity"), 1)]
+    rows = [Demand(shape(), 3), Demand(shape("TARGET.HasCVMFS_atlas"), 1)]
     matcher.annotate(rows)
     matcher.annotate(rows)
     assert matcher.evaluations == 4
@@ -116,7 +123,7 @@ def test_one_evaluation_per_shape_and_site_across_cycles() -> None:
 
 def test_plan_provisions_nothing_for_an_unmatchable_group_and_keeps_no_pilot() -> None:
     cfg = two_sites()
-    demand = annotate(cfg, shape("TARGET.HasSingularity"))
+    demand = annotate(cfg, shape("TARGET.HasCVMFS_atlas"))
     s = snap(pilots=[pilot("7", PilotState.IDLE)], sites=("gsi", "frankfurt"))
     s = s.__class__(**{**s.__dict__, "demand": tuple(demand)})
     result = plan(s, cfg, NOW)
@@ -186,7 +193,7 @@ def test_transfer_plugins_are_unknowable_unless_the_site_declares_them() -> None
 
 def test_a_group_no_site_matches_is_logged_once(caplog) -> None:  # type: ignore[no-untyped-def]
     matcher = SiteMatcher(two_sites())
-    rows = [Demand(shape("TARGET.HasSingularity"), 2)]
+    rows = [Demand(shape("TARGET.HasCVMFS_atlas"), 2)]
     matcher.annotate(rows)
     matcher.annotate(rows)
     assert caplog.text.count("cause no pilot: Requirements not met") == 1
