@@ -31,7 +31,8 @@ JOB_ATTRS = ["JobStatus", "RemoteHost", "QDate", "RequestCpus", "RequestMemory",
              "RequestGPUs", "MaxRuntime", "DesiredSites", "Requirements", *MATCH_JOB_ATTRS]
 SLOT_ATTRS = ["Name", "Machine", "PilotSite", "PilotSlurmJobId",
               "PilotWalltimeEnd", "PartitionableSlot", "DynamicSlot", "State", "Activity",
-              "Cpus", "Memory", "GPUs", "TotalSlotCpus", "TotalSlotMemory", "Draining",
+              "Cpus", "Memory", "GPUs", "TotalSlotCpus", "TotalSlotMemory", "TotalSlotGPUs",
+              "Draining",
               "DaemonStartTime", "MyType", "CondorVersion", "Start"]
 
 
@@ -70,6 +71,8 @@ class PilotAd:
     free_memory_mb: int
     claimed_slots: int
     draining: bool
+    gpus: int = 0  # the partitionable slot's GPUs (TotalSlotGPUs); 0: none advertised
+    free_gpus: int = 0  # of which not in a dynamic slot
 
     @property
     def key(self) -> str:
@@ -223,9 +226,15 @@ def queue_view(ads: Iterable[Any], since: float | None = None) -> QueueView:
 
 
 def pilot_ads_of(slot_ads: Iterable[Any]) -> dict[str, PilotAd]:
-    """Fold slot ads into one PilotAd per pilot (site + SLURM job id)."""
+    """Fold slot ads into one PilotAd per pilot (site + SLURM job id).
+
+    A pilot's GPUs are its partitionable slot's (TotalSlotGPUs, else GPUs; absent: none).
+    Free GPUs are what the partitionable slot says is left, but never more than its total
+    less the GPUs its dynamic slots advertise: the two kinds of ad are updated apart, and
+    a stale partitionable slot must not offer a GPU a job already holds."""
     pslots: dict[str, Any] = {}
     claimed: Counter[str] = Counter()
+    dslot_gpus: Counter[str] = Counter()
     for ad in slot_ads:
         site, job = _str(ad, "PilotSite"), _str(ad, "PilotSlurmJobId")
         if not site or not job:
@@ -233,12 +242,17 @@ def pilot_ads_of(slot_ads: Iterable[Any]) -> dict[str, PilotAd]:
         key = f"{site}/{job}"
         if ad.get("PartitionableSlot") is True:
             pslots[key] = ad
-        elif _str(ad, "State") == "Claimed":
+            continue
+        if _str(ad, "State") == "Claimed":
             claimed[key] += 1
+        if ad.get("DynamicSlot") is True:
+            dslot_gpus[key] += max(0, _int(ad, "GPUs"))
     out = {}
     for key, ad in pslots.items():
         name = _str(ad, "Name")
         wall = _int(ad, "PilotWalltimeEnd", 0)
+        gpus = max(0, _int(ad, "TotalSlotGPUs", _int(ad, "GPUs")))
+        free_gpus = max(0, min(_int(ad, "GPUs"), gpus - dslot_gpus[key]))
         out[key] = PilotAd(
             site=_str(ad, "PilotSite"),
             job_id=_str(ad, "PilotSlurmJobId"),
@@ -250,6 +264,8 @@ def pilot_ads_of(slot_ads: Iterable[Any]) -> dict[str, PilotAd]:
             free_memory_mb=_int(ad, "Memory"),
             claimed_slots=claimed[key],
             draining=ad.get("Draining") is True,
+            gpus=gpus,
+            free_gpus=free_gpus,
         )
     return out
 

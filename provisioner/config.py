@@ -232,6 +232,15 @@ class CapsConfig(_Model):
 _PATH = r"^/[A-Za-z0-9_./+@%=,-]*$"
 
 
+#: One option of condor_gpu_discovery that `runtime.gpu_discovery_extra` may pass (it
+#: lands in the startd's argv, never in a shell).
+GPU_DISCOVERY_OPTION = re.compile(
+    r"^-(simulate:[0-6],[0-9]{1,2}(,[0-6],[0-9]{1,2})*|extra|dynamic|nested|not-nested|"
+    r"by-index|short-uuid|uuid|cuda|opencl|mixed)$")
+#: A SLURM GPU type (gres.conf `Type=`), as it goes into ``--gres=gpu:<type>:N``.
+GPU_TYPE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+
+
 class PilotRuntimeConfig(_Model):
     """Where things are on the site's worker nodes, and the pilot's own timers."""
 
@@ -254,6 +263,30 @@ class PilotRuntimeConfig(_Model):
     container_test_image: str = Field(default="", pattern=r"^(|/[A-Za-z0-9_./+@%=,-]*)$")
     #: The image jobs that name none run in ("" = none: they run in the pilot's).
     payload_image: str = Field(default="", pattern=r"^(|/[A-Za-z0-9_./+@%=,-]*)$")
+    #: Extra options of the pilot startd's condor_gpu_discovery (HTCondor's
+    #: GPU_DISCOVERY_EXTRA), space-separated, from a fixed set (`GPU_DISCOVERY_OPTION`).
+    #: ``-simulate:D,N`` makes a node without GPUs report N simulated GPUs of type D
+    #: (0..6, see ``condor_gpu_discovery -help``): for a testbed; the pilot's slot still
+    #: takes only the GPUs it was given (`pilot.gpus`). Used only by pilots with GPUs.
+    gpu_discovery_extra: str = ""
+
+    @field_validator("gpu_discovery_extra")
+    @classmethod
+    def _gpu_discovery_options(cls, value: str) -> str:
+        for token in value.split():
+            if not GPU_DISCOVERY_OPTION.match(token):
+                raise PydanticCustomError(
+                    "gpu_discovery_option",
+                    "not a condor_gpu_discovery option this provisioner passes: {value!r} "
+                    "(one of -simulate:D,N[,D,N...], -extra, -dynamic, -nested, -not-nested, "
+                    "-by-index, -short-uuid, -uuid, -cuda, -opencl, -mixed)",
+                    {"value": token})
+        return " ".join(value.split())
+
+    @property
+    def simulates_gpus(self) -> bool:
+        """The GPUs are simulated by condor_gpu_discovery (no devices, no driver)."""
+        return any(t.startswith("-simulate:") for t in self.gpu_discovery_extra.split())
 
 
 _HOST = r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$"
@@ -361,6 +394,21 @@ class SiteConfig(SiteBase):
     account: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
     qos: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
     executor: ExecutorConfig = LocalExecutorConfig()
+    #: How a pilot with GPUs asks SLURM for them: "gres" ``--gres=gpu[:type]:N`` (per
+    #: node; every SLURM with GPUs knows it) or "gpus" ``--gpus=[type:]N`` (per job,
+    #: SLURM's cons_tres plugin). N is the pilot's GPUs (at most `pilot.gpus`).
+    gpu_request: Literal["gres", "gpus"] = "gres"
+    #: The GPU type to ask for (gres.conf ``Type=``, e.g. "a100"); None: any type.
+    gpu_type: str | None = Field(default=None, pattern=GPU_TYPE_PATTERN)
+
+    @model_validator(mode="after")
+    def _gpu_type_needs_gpus(self) -> SiteConfig:
+        if self.gpu_type is not None and self.pilot.gpus == 0:
+            raise PydanticCustomError(
+                "gpu_type",
+                "gpu_type {value!r} set but pilot.gpus is 0: the pilots ask for no GPUs",
+                {"field": "gpu_type", "value": self.gpu_type})
+        return self
 
 
 #: Backend name (`sites[].backend`) -> its settings model. Each backend owns its

@@ -158,6 +158,7 @@ class Submit:
     memory_mb: int
     walltime_s: int
     reason: str = ""
+    gpus: int = 0
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,8 @@ def runs_jobs(site: str, job_id: str, running_on: frozenset[str]) -> bool:
 def ad_busy(ad: PilotAd, running_on: frozenset[str]) -> bool:
     """Claimed resources per the collector, or a running job per the schedd."""
     return (ad.claimed_slots > 0 or ad.free_cpus < ad.cpus
-            or ad.free_memory_mb < ad.memory_mb or ad.name in running_on)
+            or ad.free_memory_mb < ad.memory_mb or ad.free_gpus < ad.gpus
+            or ad.name in running_on)
 
 
 def idle_ad_keys(ads: Mapping[str, PilotAd]) -> frozenset[str]:
@@ -62,6 +63,8 @@ def merge_pilots(site: str, jobs: list[SiteJob], ads: Mapping[str, PilotAd],
         ad = ads.get(f"{site}/{job.job_id}")
         state = pilot_state(job, ad, running_on, site)
         up = state in (PilotState.IDLE, PilotState.BUSY, PilotState.DRAINING)
+        busy_draining = state is PilotState.DRAINING and ad is not None and ad_busy(
+            ad, running_on)
         out.append(Pilot(
             site=site,
             job_id=job.job_id,
@@ -72,10 +75,13 @@ def merge_pilots(site: str, jobs: list[SiteJob], ads: Mapping[str, PilotAd],
             started_at=job.started_at,
             walltime_end=(ad.walltime_end if ad and ad.walltime_end else job.ends_at),
             # a draining pilot that runs anything shows no free cores (never "empty")
-            free_cpus=(0 if state is PilotState.DRAINING and ad and ad_busy(ad, running_on)
+            free_cpus=(0 if busy_draining
                        else ad.free_cpus if up and ad else job.cpus),
             free_memory_mb=ad.free_memory_mb if up and ad else job.memory_mb,
             name=ad.name if ad else None,
+            # GPUs: what the startd advertises once it is up, what SLURM gave before
+            gpus=ad.gpus if ad else job.gpus,
+            free_gpus=(0 if busy_draining else ad.free_gpus if up and ad else job.gpus),
         ))
     return out
 
@@ -92,7 +98,8 @@ def ad_only_pilots(site: str, ads: Mapping[str, PilotAd], now: float,
                          state=PilotState.BUSY if busy else PilotState.IDLE,
                          cpus=ad.cpus, memory_mb=ad.memory_mb, submitted_at=now,
                          walltime_end=ad.walltime_end, free_cpus=ad.free_cpus,
-                         free_memory_mb=ad.free_memory_mb, name=ad.name))
+                         free_memory_mb=ad.free_memory_mb, name=ad.name,
+                         gpus=ad.gpus, free_gpus=ad.free_gpus))
     return out
 
 

@@ -248,12 +248,14 @@ def _place(s: SiteRow, row: Row, n: int, global_left: list[int]) -> None:
         s.new_jobs += got
 
 
-def _size_new_pilot(site: SiteConfig, used_cpus: int, used_mem: int) -> tuple[int, int]:
-    """(cpus, memory_mb) of a new pilot holding the given jobs."""
+def _size_new_pilot(site: SiteConfig, used_cpus: int, used_mem: int,
+                    used_gpus: int = 0) -> tuple[int, int, int]:
+    """(cpus, memory_mb, gpus) of a new pilot holding the given jobs: GPUs only as many
+    as its jobs use (a GPU site's pilot for CPU-only jobs asks SLURM for none)."""
     p = site.pilot
     cpus = min(p.cpus, max(p.min_cpus, used_cpus))
     memory = min(p.memory_mb, max(p.memory_per_cpu_mb * cpus, used_mem))
-    return cpus, memory
+    return cpus, memory, min(p.gpus, used_gpus)
 
 
 def submissions(sites: Iterable[SiteRow], demand: Sequence[Row], global_room: int
@@ -265,19 +267,20 @@ def submissions(sites: Iterable[SiteRow], demand: Sequence[Row], global_room: in
     for s in sites:
         new = s.new
         assert new is not None
-        shapes: dict[tuple[int, int], int] = defaultdict(int)
+        shapes: dict[tuple[int, int, int], int] = defaultdict(int)
         for g in new.registry:
             if g.count > 0 and g.jobs > 0:
-                shapes[_size_new_pilot(s.config, g.used_cpus, g.used_mem)] += g.count
+                shapes[_size_new_pilot(s.config, g.used_cpus, g.used_mem, g.used_gpus)] += (
+                    g.count)
         n_new = sum(shapes.values())
         why = f"{s.new_jobs} idle jobs"
         if s.new_reserve:
             why += f" and {s.new_reserve} reserve slots"
-        for (cpus, mem), n in sorted(shapes.items(), reverse=True):
+        for (cpus, mem, gpus), n in sorted(shapes.items(), reverse=True):
             actions.append(Submit(
                 site=s.name, count=n, cpus=cpus, memory_mb=mem,
                 walltime_s=s.config.pilot.walltime_s,
-                reason=f"{why} need {n_new} new pilots at {s.name}"))
+                reason=f"{why} need {n_new} new pilots at {s.name}", gpus=gpus))
         capped = ""
         if any(r.left and s.name in r.sites for r in demand):
             room = dict(s.room, **{"policy max_submit_per_cycle": global_room})
@@ -286,7 +289,7 @@ def submissions(sites: Iterable[SiteRow], demand: Sequence[Row], global_room: in
             site=s.name, demand_jobs=s.offered_jobs + s.absorbed,
             demand_cpus=s.offered_cpus, existing_jobs=s.absorbed,
             new_pilot_jobs=s.new_jobs, new_pilots=n_new,
-            new_cpus=sum(cp * n for (cp, _m), n in shapes.items()), capped=capped,
+            new_cpus=sum(cp * n for (cp, _m, _g), n in shapes.items()), capped=capped,
             reserve_jobs=s.absorbed_reserve + s.new_reserve))
     return actions, summaries
 

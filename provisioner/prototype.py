@@ -1,7 +1,8 @@
 """Would a site's pilot match a job? HTCondor's own ClassAd matching against a prototype.
 
 Per site, `prototype_ad()` builds the machine ad a fresh pilot's partitionable slot would
-advertise: the site's largest pilot (Cpus, Memory, GPUs), the platform and image
+advertise: the site's largest pilot (Cpus, Memory and, with GPUs, the GPU attributes of
+`use feature : GPUs`), the platform and image
 attributes the admin declares (`sites[].pilot_ad`), the attributes the pilot wrapper sets
 (PilotSite, PilotProvisionerId, PilotSlurmJobId, PilotWalltimeEnd, PilotXCache, the
 FileSystemDomain of its own), file transfer, and the START expression of
@@ -52,7 +53,8 @@ PILOT_START = ("(PilotStartTime < PilotStopAt) && "
 NODE_ATTRIBUTES = frozenset({"machine", "name", "pilotslurmjobid", "myaddress",
                              "startdipaddr", "utsnamenodename", "publicclaimid",
                              "condorversion", "condorplatform",
-                             "hasfiletransferpluginmethods", "hasjobtransferplugins"})
+                             "hasfiletransferpluginmethods", "hasjobtransferplugins",
+                             "detectedgpus", "availablegpus", "assignedgpus"})
 
 #: Unbounded disk (KB): a pilot's disk is its node's scratch, not planned for.
 PROTOTYPE_DISK_KB = 2**40
@@ -78,7 +80,6 @@ def prototype_ad(site: SiteConfig, pool: PoolConfig) -> Any:
         "Arch": site.pilot_ad.arch, "OpSys": site.pilot_ad.opsys,
         "Cpus": p.cpus, "TotalSlotCpus": p.cpus, "TotalCpus": p.cpus,
         "Memory": p.memory_mb, "TotalSlotMemory": p.memory_mb, "TotalMemory": p.memory_mb,
-        "GPUs": p.gpus, "TotalSlotGPUs": p.gpus,
         "Disk": PROTOTYPE_DISK_KB, "TotalSlotDisk": PROTOTYPE_DISK_KB,
         "PartitionableSlot": True, "SlotType": "Partitionable",
         "State": "Unclaimed", "Activity": "Idle",
@@ -87,6 +88,13 @@ def prototype_ad(site: SiteConfig, pool: PoolConfig) -> Any:
         "PilotSlurmJobId": "0",
         "PilotStartTime": 0, "PilotWalltimeEnd": p.walltime_s,
     }
+    if p.gpus > 0:
+        # as the startd advertises them with `use feature : GPUs` (condor_config/pilot.conf);
+        # a pilot without GPUs has no GPU attributes at all. Device properties
+        # (GPUs_Capability, GPUs_DeviceName, ...) only a node knows: declare them in
+        # `pilot_ad.extra_attributes`.
+        attrs.update({"GPUs": p.gpus, "TotalSlotGPUs": p.gpus, "TotalGPUs": p.gpus,
+                      "DetectedGPUs": ", ".join(f"GPU-{i:08x}" for i in range(p.gpus))})
     if site.pilot_ad.opsys_and_ver:
         attrs["OpSysAndVer"] = site.pilot_ad.opsys_and_ver
     if site.xcache:

@@ -202,10 +202,11 @@ class Provisioner:
     def _submit(self, action: Submit) -> str:
         site = self.config.site(action.site)
         backend = self.backends[action.site]
-        script = render_pilot_script(self.config, site, action.walltime_s)
+        script = render_pilot_script(self.config, site, action.walltime_s, action.gpus)
         request = PilotRequest(cpus=action.cpus, memory_mb=action.memory_mb,
                                walltime_s=action.walltime_s,
-                               shutdown_margin_s=site.pilot.shutdown_margin_s, script=script)
+                               shutdown_margin_s=site.pilot.shutdown_margin_s, script=script,
+                               gpus=action.gpus)
         ids = []
         try:
             for _ in range(action.count):

@@ -2,8 +2,17 @@
 
 Values come from the validated configuration; every one that lands in shell
 context goes through the `q` filter (shlex.quote). Per-submission sbatch
-options (cores, memory, time, name, comment, signal) are not part of the
+options (cores, memory, GPUs, time, name, comment, signal) are not part of the
 script: the backend passes them as argv.
+
+GPUs: a pilot with GPUs exports PILOT_GPUS (the count it asked SLURM for) and
+PILOT_GPU_DISCOVERY_EXTRA into its container (Apptainer's APPTAINERENV_ prefix
+passes them through --cleanenv), where condor_config/pilot.conf turns on HTCondor's
+GPU discovery and gives the partitionable slot exactly PILOT_GPUS of the GPUs found.
+SLURM's CUDA_VISIBLE_DEVICES (the devices it gave the job) is passed on too, so
+condor_gpu_discovery reports only those. Real GPUs also need the NVIDIA driver's
+libraries in the container: APPTAINER_NV=1 (``--nv``) unless the GPUs are simulated
+(`runtime.gpu_discovery_extra` with ``-simulate``).
 """
 
 from __future__ import annotations
@@ -46,7 +55,7 @@ def check_templates(config: Config) -> None:
     where = config.templates_dir or "the slurm_templates directory"
     for i, site in enumerate(config.sites):
         try:
-            render_pilot_script(config, site, site.pilot.walltime_s)
+            render_pilot_script(config, site, site.pilot.walltime_s, site.pilot.gpus)
         except jinja2.TemplateNotFound as exc:
             raise TemplateError(f"sites[{i}].template: no template {exc.name!r} in {where}",
                                 field=f"sites[{i}].template") from exc
@@ -68,8 +77,10 @@ def _environment(directory: Path) -> jinja2.Environment:
     return env
 
 
-def render_pilot_script(config: Config, site: SiteConfig, walltime_s: int) -> str:
-    """The batch script of one pilot at `site`; jinja2 errors name the template."""
+def render_pilot_script(config: Config, site: SiteConfig, walltime_s: int,
+                        gpus: int = 0) -> str:
+    """The batch script of one pilot at `site` that asks SLURM for `gpus` GPUs; jinja2
+    errors name the template."""
     rt = site.runtime
     env = _environment(templates_dir(config))
     template = env.get_template(site.template)
@@ -94,4 +105,7 @@ def render_pilot_script(config: Config, site: SiteConfig, walltime_s: int) -> st
         payload_image=rt.payload_image,
         xcache=site.xcache or "",
         xcache_exclude=",".join(site.xcache_exclude),
+        gpus=max(0, gpus),
+        gpu_discovery_extra=rt.gpu_discovery_extra,
+        gpu_driver=gpus > 0 and not rt.simulates_gpus,
     )

@@ -44,6 +44,8 @@ def _slurm_cli(site: Any, pool: PoolConfig) -> SiteBackend:
         account=site.account,
         qos=site.qos,
         output_dir=site.runtime.log_dir or None,
+        gpu_request=site.gpu_request,
+        gpu_type=site.gpu_type,
     )
 
 

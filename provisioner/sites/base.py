@@ -49,6 +49,7 @@ class PilotRequest:
     walltime_s: int
     shutdown_margin_s: int
     script: str
+    gpus: int = 0  # GPUs to ask the batch system for (0: none)
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class SiteJob:
     submitted_at: float
     started_at: float | None
     ends_at: float | None
+    gpus: int = 0  # GPUs asked for (pending) or allocated (running)
 
 
 class SiteBackend(Protocol):

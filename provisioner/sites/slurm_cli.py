@@ -86,6 +86,25 @@ def _state(job: Mapping[str, Any]) -> str:
     return str(state or "")
 
 
+#: The untyped GPU count in a TRES string: cpu=4,mem=8G,node=1,gres/gpu=2,gres/gpu:a100=2.
+_TRES_GPUS = re.compile(r"(?:^|,)gres/gpu=([0-9]+)")
+#: A GPU request in tres_per_node / tres_per_job: "gres/gpu:2", "gres:gpu:a100:2", "gpu:2".
+_PER_GPUS = re.compile(r"(?:^|,)(?:gres[/:])?gpu(?::[^:,=]+)?:([0-9]+)")
+
+
+def _gpus(job: Mapping[str, Any]) -> int:
+    """The job's GPUs: allocated (running) or asked for (pending); 0 if none.
+
+    A TRES string counts the GPUs once untyped (and again per type, not summed
+    here); the per-node/per-job request strings are the fallback."""
+    for key, pattern in (("tres_alloc_str", _TRES_GPUS), ("tres_req_str", _TRES_GPUS),
+                         ("tres_per_node", _PER_GPUS), ("tres_per_job", _PER_GPUS)):
+        text = job.get(key)
+        if isinstance(text, str) and (found := pattern.findall(text)):
+            return sum(int(n) for n in found)
+    return 0
+
+
 def parse_squeue(doc: Mapping[str, Any], job_name: str) -> list[SiteJob]:
     """Pilot jobs (by job name) out of `squeue --json` output; finished ones dropped."""
     jobs = []
@@ -117,6 +136,7 @@ def parse_squeue(doc: Mapping[str, Any], job_name: str) -> list[SiteJob]:
             submitted_at=_number(job.get("submit_time")) or 0.0,
             started_at=started or None,
             ends_at=ends or None,
+            gpus=_gpus(job),
         ))
     return jobs
 
@@ -143,6 +163,9 @@ class SlurmCliBackend:
     account: str | None = None
     qos: str | None = None
     output_dir: str | None = None
+    #: "gres": --gres=gpu[:type]:N; "gpus": --gpus=[type:]N (config `gpu_request`).
+    gpu_request: str = "gres"
+    gpu_type: str | None = None
 
     @property
     def job_name(self) -> str:
@@ -178,7 +201,16 @@ class SlurmCliBackend:
             argv.append(f"--account={self.account}")
         if self.qos:
             argv.append(f"--qos={self.qos}")
+        if request.gpus > 0:
+            argv.append(self.gpu_option(request.gpus))
         return argv
+
+    def gpu_option(self, gpus: int) -> str:
+        """The sbatch option asking for `gpus` GPUs, in the site's form."""
+        typed = f"{self.gpu_type}:" if self.gpu_type else ""
+        if self.gpu_request == "gpus":
+            return f"--gpus={typed}{gpus}"
+        return f"--gres=gpu:{typed}{gpus}"
 
     def submit(self, request: PilotRequest) -> str:
         result = self.executor.run(self.sbatch_argv(request), self._env(), stdin=request.script)
