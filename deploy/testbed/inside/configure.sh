@@ -25,6 +25,7 @@ for c in gsi frankfurt; do
     install -d "/etc/slurm-$c"
     install -m 0644 "$etc/slurm-$c.conf" "/etc/slurm-$c/slurm.conf"
     install -m 0644 "$etc/cgroup.conf" "/etc/slurm-$c/cgroup.conf"
+    if [ -f "$etc/gres-$c.conf" ]; then install -m 0644 "$etc/gres-$c.conf" "/etc/slurm-$c/gres.conf"; fi
     install -d -o slurm -g slurm "/var/lib/slurm/$c"
 done
 # Plain `sinfo` talks to gsi; SLURM_CONF selects the other cluster.
