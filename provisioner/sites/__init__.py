@@ -44,6 +44,7 @@ def _slurm_cli(site: Any, pool: PoolConfig) -> SiteBackend:
         account=site.account,
         qos=site.qos,
         output_dir=site.runtime.log_dir or None,
+        log_dir=site.runtime.log_dir or None,
     )
 
 

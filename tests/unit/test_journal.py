@@ -59,7 +59,7 @@ def test_pilot_lifecycle_from_squeue_views() -> None:
     [rec] = ev.ended
     assert (rec.start_at, rec.join_at, rec.end_at) == (130.0, 200.0, 400.0)
     row = j.db.execute("SELECT end_source FROM pilots").fetchone()
-    assert row == ("squeue-gone",)
+    assert row == ("squeue",)
     # a job id the site reuses later does not reopen the ended record
     j.record_pilots("gsi", [SeenPilot("7", 4, 8000, 500.0, None, False)], now=510.0)
     assert j.pilots()[0].end_at == 400.0
