@@ -111,6 +111,9 @@ class Ledger:
             if key not in keys.values():
                 del self.record_tries[key]
         ask = [j for j in waiting if self.record_tries.get(keys[j], 0) < RECORD_TRIES]
+        # The least asked first (then the most recent end): none waits behind a
+        # crowd that left no record.
+        ask.sort(key=lambda j: self.record_tries.get(keys[j], 0))
         ask = ask[:MAX_END_RECORDS]
         if not ask:
             return 0
