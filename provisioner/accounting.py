@@ -1,7 +1,8 @@
 """What the allocation bought, per site and UTC day (pure: plain records in, rows out).
 
 Inputs are the sources of truth the journal keeps: a `PilotRecord` per SLURM pilot job
-(cores, submit/start/end from `squeue`) and a `JobRun` per finished job from the schedd's
+(cores, submit/start from `squeue`, end from the pilot's own end record or else from the
+cycle that saw it leave `squeue`) and a `JobRun` per finished job from the schedd's
 history (which pilot ran it, its cores, start, end and CPU time).
 
 Per site and day (intervals that cross midnight UTC are split):
@@ -42,6 +43,8 @@ class PilotRecord:
     end_at: float | None = None
     memory_mb: int = 0
     join_at: float | None = None  # first seen in the pool
+    end_source: str | None = None  # "record" (the pilot's end record), "squeue", ...
+    end_reason: str | None = None  # why it ended, from its end record
 
     @property
     def key(self) -> str:

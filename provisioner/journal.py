@@ -3,9 +3,14 @@ for `provisioner status`, and the accounting records (`pilots` from `squeue`,
 `job_runs` from the schedd's history). A cache, never the only copy: after a restart
 the service rebuilds its picture from SLURM and the collector.
 
-Schema versions: 1 (cycles, actions, state) and 2 (+ pilots, job_runs). A journal of
+Schema versions: 1 (cycles, actions, state), 2 (+ pilots, job_runs) and 3 (pilots'
+`end_reason`; `end_source` "record" or "squeue", formerly "squeue-gone"). A journal of
 an older version is upgraded in place when opened; one of a newer version is refused
 (`JournalError`) rather than written with a schema this code does not know.
+
+A pilot's end (and its start, if `squeue` never showed it running) comes from its own
+end record (provisioner.pilot.endrecord) when the site has one, `end_source` "record";
+otherwise from the cycle that no longer saw it in `squeue`, `end_source` "squeue".
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.accounting import JobRun, PilotRecord
+from provisioner.pilot.endrecord import EndRecord
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS cycles (
@@ -34,7 +40,7 @@ CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value TEXT);
 CREATE TABLE IF NOT EXISTS pilots (
     site TEXT NOT NULL, job_id TEXT NOT NULL, cores INTEGER, memory_mb INTEGER,
     submit_at REAL, start_at REAL, join_at REAL, end_at REAL, end_source TEXT,
-    PRIMARY KEY (site, job_id));
+    end_reason TEXT, PRIMARY KEY (site, job_id));
 CREATE TABLE IF NOT EXISTS job_runs (
     job_id TEXT NOT NULL, start_at REAL NOT NULL, owner TEXT, site TEXT,
     pilot_job_id TEXT, cores INTEGER, end_at REAL, wall_s REAL, cpu_s REAL,
@@ -54,6 +60,15 @@ class PilotEvents:
     started: list[tuple[str, float]] = field(default_factory=list)  # (site, queue wait s)
     joined: list[tuple[str, float]] = field(default_factory=list)  # (site, boot s)
     ended: list[PilotRecord] = field(default_factory=list)
+
+
+@dataclass
+class RecordsApplied:
+    """What a site's end records changed in the journal."""
+
+    updated: list[PilotRecord] = field(default_factory=list)
+    started: list[tuple[str, float]] = field(default_factory=list)  # starts squeue missed
+    refused: dict[str, str] = field(default_factory=dict)  # job id -> why not used
 
 
 @dataclass(frozen=True)
@@ -103,7 +118,16 @@ class Journal:
                 "file away (it is a cache: a new one is rebuilt from SLURM and the pool)")
         self.db.executescript(SCHEMA)
         if version < SCHEMA_VERSION:
+            self._upgrade_pilots()
             self.put("schema_version", SCHEMA_VERSION)
+
+    def _upgrade_pilots(self) -> None:
+        """Schema 2 -> 3: the pilots table gains end_reason; "squeue-gone" is "squeue"."""
+        columns = {r[1] for r in self.db.execute("PRAGMA table_info(pilots)")}
+        if "end_reason" not in columns:
+            self.db.execute("ALTER TABLE pilots ADD COLUMN end_reason TEXT")
+        self.db.execute("UPDATE pilots SET end_source = 'squeue' "
+                        "WHERE end_source = 'squeue-gone'")
 
     def _commit(self) -> None:
         if self._depth == 0:
@@ -157,7 +181,8 @@ class Journal:
     def record_pilots(self, site: str, seen: Iterable[SeenPilot], now: float) -> PilotEvents:
         """One cycle's `squeue` of a site it could read: new pilots are added, starts
         and first joins noted, and pilots of this site still open in the journal that
-        are no longer in `squeue` end at `now` (end_source "squeue-gone")."""
+        are no longer in `squeue` end at `now` (end_source "squeue": its end record,
+        if it left one, corrects that with `apply_end_records`)."""
         events = PilotEvents()
         open_rows = {r[0]: r for r in self.db.execute(
             "SELECT job_id, start_at, join_at FROM pilots WHERE site = ? AND end_at IS NULL",
@@ -185,17 +210,58 @@ class Journal:
                 if start_at is not None:
                     events.joined.append((site, max(0.0, now - start_at)))
         for job_id in set(open_rows) - present:
-            self.db.execute("UPDATE pilots SET end_at = ?, end_source = 'squeue-gone' "
+            self.db.execute("UPDATE pilots SET end_at = ?, end_source = 'squeue' "
                             "WHERE site = ? AND job_id = ?", (now, site, job_id))
             events.ended.extend(self.pilots(site=site, job_id=job_id))
         self._commit()
         return events
 
+    def awaiting_end_record(self, site: str, since: float) -> list[str]:
+        """Job ids of the site's pilots that ended by `squeue` at or after `since` (their
+        end record, if any, not applied yet), the most recent end first."""
+        return [r[0] for r in self.db.execute(
+            "SELECT job_id FROM pilots WHERE site = ? AND end_source = 'squeue' "
+            "AND end_at >= ? ORDER BY end_at DESC, job_id", (site, since))]
+
+    def apply_end_records(self, site: str, records: Iterable[EndRecord]) -> RecordsApplied:
+        """Pilots of `site` that ended by `squeue` take the end (and, where `squeue`
+        never showed them running, the start) of their own end record; end_source
+        becomes "record". A record ends a pilot no later than the cycle that saw it
+        gone (clocks differ between nodes) and starts it no earlier than its submission;
+        one that ended before its pilot was submitted (a job id reused) is refused."""
+        out = RecordsApplied()
+        for rec in records:
+            row = self.db.execute(
+                "SELECT submit_at, start_at, end_at, end_source FROM pilots "
+                "WHERE site = ? AND job_id = ?", (site, rec.job_id)).fetchone()
+            if row is None or row[2] is None:
+                out.refused[rec.job_id] = "no ended pilot of that job id in the journal"
+                continue
+            submit_at, start_at, seen_gone, source = float(row[0] or 0.0), row[1], row[2], row[3]
+            if source == "record":
+                continue  # applied before
+            if rec.end_at < submit_at:
+                out.refused[rec.job_id] = (f"ended at {rec.end_at:.0f}, before the pilot was "
+                                           f"submitted at {submit_at:.0f}: an older job's")
+                continue
+            end = min(rec.end_at, seen_gone)
+            if start_at is None:
+                start_at = min(max(rec.start_at, submit_at), end)
+                out.started.append((site, max(0.0, start_at - submit_at)))
+            end = max(end, start_at)
+            self.db.execute(
+                "UPDATE pilots SET start_at = ?, end_at = ?, end_source = 'record', "
+                "end_reason = ? WHERE site = ? AND job_id = ?",
+                (start_at, end, rec.reason, site, rec.job_id))
+            out.updated.extend(self.pilots(site=site, job_id=rec.job_id))
+        self._commit()
+        return out
+
     def pilots(self, since: float | None = None, site: str | None = None,
                job_id: str | None = None) -> list[PilotRecord]:
         """Pilot records, those alive at or after `since` (None: all)."""
-        sql = ("SELECT site, job_id, cores, submit_at, start_at, end_at, memory_mb, join_at "
-               "FROM pilots WHERE 1=1")
+        sql = ("SELECT site, job_id, cores, submit_at, start_at, end_at, memory_mb, join_at, "
+               "end_source, end_reason FROM pilots WHERE 1=1")
         args: list[Any] = []
         if since is not None:
             sql += " AND (end_at IS NULL OR end_at >= ?)"
@@ -207,7 +273,7 @@ class Journal:
             sql += " AND job_id = ?"
             args.append(job_id)
         return [PilotRecord(r[0], r[1], int(r[2] or 0), float(r[3] or 0.0), r[4], r[5],
-                            int(r[6] or 0), r[7])
+                            int(r[6] or 0), r[7], r[8], r[9])
                 for r in self.db.execute(sql + " ORDER BY site, submit_at", args)]
 
     def add_pilot_records(self, records: Iterable[PilotRecord], source: str) -> None:

@@ -102,7 +102,7 @@ class Provisioner:
         # A site that keeps failing is asked again after a growing delay.
         self.backoff = SiteBackoff(base_s=min(config.policy.interval_s, 60.0), max_s=600.0)
         self.metrics = Metrics()  # served only by start_metrics() (`provisioner run`)
-        self.ledger = Ledger(self.journal, self.metrics, self.pool)
+        self.ledger = Ledger(self.journal, self.metrics, self.pool, self.backends)
 
     def start_metrics(self) -> bool:
         """Serve the Prometheus endpoint if configured. A failure (address in use) is

@@ -9,7 +9,8 @@ Apptainer pilot image through spython. On TERM it asks the master for a graceful
 shutdown (running jobs may retire until the walltime end); when the master ends
 it copies the logs back and exits. On USR1 (the provisioner's release, sent
 through SLURM) it drains its startd if, and only if, the startd is idle, then
-shuts down.
+shuts down. Whichever way it ends, its last act is its end record
+(provisioner.pilot.endrecord): when it started and ended, and why.
 
 Parameters come from ``PILOT_*`` environment variables set by the batch script
 and from SLURM's own environment (job id, cores, memory, end time).
@@ -26,14 +27,22 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from provisioner.pilot import endrecord
 from provisioner.pilot.containers import ContainerSupport, container_config, self_test
 from provisioner.xcache import proxy_environment
 
 log = logging.getLogger("provisioner.pilot")
+
+
+#: SLURM sends its warning signal up to this much earlier than asked
+#: (provisioner.pilot_view.SLURM_SIGNAL_SLOP_S; not imported: the pilot has no HTCondor
+#: bindings).
+SIGNAL_SLOP_S = 60
 
 
 class PilotError(Exception):
@@ -349,6 +358,24 @@ class Pilot:
         self.config = config
         self.pidfile = workdir / "local" / "run" / "master.pid"
         self.stopping = False
+        self.reason: str | None = None  # why it is stopping (endrecord.REASONS)
+        self.clock: Callable[[], float] = time.time
+
+    @property
+    def stop_at(self) -> float:
+        """From here on the pilot is ending because of its walltime (the startd takes
+        no new job; SLURM's warning signal is due)."""
+        return float(self.p.walltime_end - self.p.shutdown_margin_s)
+
+    def end_reason(self, rc: int) -> str:
+        """Why the pilot ended, once its master has (`rc`: what `run` returned)."""
+        if self.reason:
+            return self.reason
+        if rc != 0:
+            return "master-failed"
+        # The master ended by itself: the startd's own shutdown, after the stop time
+        # (STARTD.DAEMON_SHUTDOWN) or before it (STARTD_NOCLAIM_SHUTDOWN).
+        return "walltime-drain" if self.clock() >= self.stop_at else "noclaim-shutdown"
 
     def _signal_master(self, sig: int) -> None:
         try:
@@ -416,6 +443,7 @@ class Pilot:
             return
         log.info("release: drained while idle; shutting down")
         self.stopping = True
+        self.reason = "released"
         self._signal_master(signal.SIGTERM)
 
     def on_term(self, signum: int, _frame: Any) -> None:
@@ -423,6 +451,8 @@ class Pilot:
         if not self.stopping:
             log.info("signal %d: graceful shutdown of the pilot", signum)
             self.stopping = True
+            near_end = self.clock() >= self.stop_at - SIGNAL_SLOP_S
+            self.reason = "walltime-drain" if near_end else "terminated"
             self._signal_master(signal.SIGTERM)
         else:
             log.info("signal %d again: fast shutdown", signum)
@@ -461,36 +491,58 @@ class Pilot:
             log.warning("could not copy logs to %s: %s", dest, exc)
 
 
+@dataclass
+class Ending:
+    """Why the wrapper is leaving (endrecord.REASONS): an unexpected error until a
+    known way out says otherwise."""
+
+    reason: str = "wrapper-error"
+
+
 def main() -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stdout,
                         format="%(asctime)s pilot %(levelname)s %(message)s")
+    started = time.time()
+    ending = Ending()
+    try:
+        return run_pilot(ending)
+    finally:
+        endrecord.write_from_env(dict(os.environ), started, time.time(), ending.reason)
+
+
+def run_pilot(ending: Ending) -> int:
+    """Everything the pilot does; every return notes in `ending` why it left."""
     for key in ("LD_AUDIT", "SINGULARITYENV_LD_AUDIT", "APPTAINERENV_LD_AUDIT"):
         os.environ.pop(key, None)
     try:
         params = params_from_env(dict(os.environ), time.time())
     except PilotError as exc:
         log.error("%s", exc)
+        ending.reason = "bad-environment"
         return 2
     pilot: Pilot | None = None
-    stop_early = False
+    stop_early: int | None = None
 
-    def early_term(_signum: int, _frame: Any) -> None:
+    def early_term(signum: int, _frame: Any) -> None:
         nonlocal stop_early
-        stop_early = True
+        stop_early = signum
 
     signal.signal(signal.SIGTERM, early_term)
     signal.signal(signal.SIGUSR1, early_term)  # released before it started: just leave
     delay = random.Random(params.job_id).uniform(0, params.start_delay_max_s)
     deadline = time.time() + delay
-    while time.time() < deadline and not stop_early:
+    while time.time() < deadline and stop_early is None:
         time.sleep(min(0.5, max(0.0, deadline - time.time())))
-    if stop_early:
+    if stop_early is not None:
         log.info("terminated before start")
+        ending.reason = ("released-before-start" if stop_early == signal.SIGUSR1
+                         else "terminated-before-start")
         return 0
     try:
         workdir, config = prepare(params)
     except (PilotError, OSError) as exc:
         log.error("%s", exc)
+        ending.reason = "prepare-failed"
         return 2
     pilot = Pilot(params, workdir, config)
     pilot.enable_containers()
@@ -498,7 +550,9 @@ def main() -> int:
     signal.signal(signal.SIGINT, pilot.on_term)
     signal.signal(signal.SIGUSR1, pilot.on_release)
     try:
-        return pilot.run()
+        rc = pilot.run()
+        ending.reason = pilot.end_reason(rc)
+        return rc
     finally:
         pilot.copy_logs()
         shutil.rmtree(workdir, ignore_errors=True)

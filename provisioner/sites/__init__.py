@@ -46,6 +46,7 @@ def _slurm_cli(site: Any, pool: PoolConfig) -> SiteBackend:
         output_dir=site.runtime.log_dir or None,
         gpu_request=site.gpu_request,
         gpu_type=site.gpu_type,
+        log_dir=site.runtime.log_dir or None,
     )
 
 

@@ -1,6 +1,7 @@
 """The site backend interface: the only way the provisioner touches a batch system.
 
-A backend submits pilot jobs, lists them and cancels them, at one site. It
+A backend submits pilot jobs, lists them, cancels them and reads the end records
+they leave behind, at one site. It
 translates the batch system's states and errors at its boundary: states into
 `SiteJobState`, errors into the four `BackendError` kinds below; the service
 reacts only to those.
@@ -9,9 +10,15 @@ reacts only to those.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+from provisioner.pilot.endrecord import EndRecord
+
+#: At most this many end records are read per site and call (the caller passes the
+#: rest next time).
+MAX_END_RECORDS = 50
 
 
 class BackendError(Exception):
@@ -67,7 +74,7 @@ class SiteJob:
 
 
 class SiteBackend(Protocol):
-    """Contract of a site backend (implementation required for all four methods).
+    """Contract of a site backend (implementation required for all five methods).
 
     Implementations must be safe to call once per cycle per site and must never
     build a shell command string from configuration or ClassAd values.
@@ -106,5 +113,18 @@ class SiteBackend(Protocol):
 
         With only_pending the site cancels it only if it has not started yet
         (checked by the batch system itself, not from a possibly stale list).
+        """
+        ...
+
+    def end_records(self, job_ids: Sequence[str]) -> Mapping[str, EndRecord]:
+        """The end records (provisioner.pilot.endrecord) that the pilots `job_ids`, which
+        have left the batch system, wrote on their way out, by job id; at most the
+        first MAX_END_RECORDS ids are read.
+
+        A pilot without one (it never ran, was killed, or the site keeps no log
+        directory) is absent. A record that cannot be used (bad JSON, another job's) is
+        left out with one warning naming its file; never raised. Raises Unreachable or
+        Transient when the records cannot be read at all. Reading changes nothing; the
+        backend keeps the site's record directory from growing without bound.
         """
         ...

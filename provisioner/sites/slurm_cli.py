@@ -1,4 +1,5 @@
-"""SLURM through its command-line tools: sbatch, squeue --json, scancel.
+"""SLURM through its command-line tools: sbatch, squeue --json, scancel; and the
+pilots' end records read with head (and pruned with find) on the login node.
 
 Commands run through an `Executor` (provisioner.sites.executor: on this host, or
 on the site's login node over SSH). Every command is an argv list; configuration
@@ -12,11 +13,16 @@ import json
 import logging
 import math
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+from provisioner.pilot import endrecord
+from provisioner.pilot.endrecord import BadEndRecord, EndRecord
 from provisioner.sites.base import (
+    MAX_END_RECORDS,
+    BackendError,
     PilotRequest,
     Rejected,
     SiteJob,
@@ -66,6 +72,13 @@ _TRANSIENT = re.compile(r"socket timed out|try again|temporarily|resource tempor
                         r"slurmctld is busy|timed out", re.IGNORECASE)
 _UNKNOWN_JOB = re.compile(r"invalid job id|job has already finished|already completing",
                           re.IGNORECASE)
+_HEAD_HEADER = re.compile(r"^==> (.*) <==$")
+
+#: End records are kept this long at the site (an admin may look at them; the
+#: provisioner reads each within the hour after its pilot left squeue), then pruned,
+#: by the provisioner, at most once per RECORD_PRUNE_EVERY_S.
+RECORD_KEEP_S = 7 * 86400
+RECORD_PRUNE_EVERY_S = 86400
 
 
 def _number(value: Any) -> float | None:
@@ -141,6 +154,25 @@ def parse_squeue(doc: Mapping[str, Any], job_name: str) -> list[SiteJob]:
     return jobs
 
 
+def split_head_output(stdout: str, paths: Sequence[str]) -> dict[str, str]:
+    """`head -v` output of several files -> {path: its text}, for the `paths` it shows."""
+    wanted = set(paths)
+    out: dict[str, str] = {}
+    current: str | None = None
+    lines: list[str] = []
+    for line in stdout.splitlines(keepends=True):
+        header = _HEAD_HEADER.match(line.rstrip("\n"))
+        if header and header.group(1) in wanted:
+            if current is not None:
+                out[current] = "".join(lines)
+            current, lines = header.group(1), []
+        elif current is not None:
+            lines.append(line)
+    if current is not None:
+        out[current] = "".join(lines)
+    return out
+
+
 def _classify(action: str, result: CommandResult) -> Exception:
     text = (result.stderr or result.stdout).strip()
     message = f"{action} failed (exit {result.returncode}): {text}"
@@ -166,6 +198,12 @@ class SlurmCliBackend:
     #: "gres": --gres=gpu[:type]:N; "gpus": --gpus=[type:]N (config `gpu_request`).
     gpu_request: str = "gres"
     gpu_type: str | None = None
+    #: The pilots' log directory on the site's shared file system (None: they keep
+    #: none, so they leave no end records).
+    log_dir: str | None = None
+    clock: Callable[[], float] = field(default=time.time, repr=False)
+    _pruned_at: float | None = field(default=None, init=False, repr=False)
+    _warned: set[str] = field(default_factory=set, init=False, repr=False)
 
     @property
     def job_name(self) -> str:
@@ -248,3 +286,71 @@ class SlurmCliBackend:
 
     def cancel(self, job_id: str, only_pending: bool = False) -> None:
         self._scancel(job_id, *(["--state=PENDING"] if only_pending else []))
+
+    @property
+    def end_dir(self) -> str | None:
+        return f"{self.log_dir.rstrip('/')}/{endrecord.END_DIR}" if self.log_dir else None
+
+    def _warn_once(self, path: str, message: str) -> None:
+        if path not in self._warned:
+            if len(self._warned) > 1000:
+                self._warned.clear()
+            self._warned.add(path)
+            log.warning("end record %s at %s ignored: %s", path, self.name, message)
+
+    def end_records(self, job_ids: Sequence[str]) -> dict[str, EndRecord]:
+        end_dir = self.end_dir
+        if end_dir is None:
+            return {}
+        paths: dict[str, str] = {}  # path -> job id
+        for job_id in job_ids:
+            if len(paths) >= MAX_END_RECORDS:
+                break
+            try:
+                paths[f"{end_dir}/{endrecord.file_name(self.name, job_id)}"] = job_id
+            except ValueError:
+                log.warning("no end record to read for job %r at %s", job_id, self.name)
+        records: dict[str, EndRecord] = {}
+        if paths:
+            records = self._read_records(paths)
+        self._prune(end_dir)
+        return records
+
+    def _read_records(self, paths: Mapping[str, str]) -> dict[str, EndRecord]:
+        """One `head -v` over the record files: each file's first MAX_BYTES, each
+        under a header with its name; a missing file is only a line on stderr."""
+        argv = ["head", "-v", "-c", str(endrecord.MAX_BYTES), "--", *paths]
+        result = self.executor.run(argv, self._env())
+        if result.returncode not in (0, 1):
+            raise _classify(f"reading end records at {self.name}", result)
+        for line in result.stderr.splitlines():
+            if line.strip() and "No such file or directory" not in line:
+                log.warning("reading end records at %s: %s", self.name, line.strip())
+        records: dict[str, EndRecord] = {}
+        for path, text in split_head_output(result.stdout, list(paths)).items():
+            job_id = paths[path]
+            try:
+                records[job_id] = endrecord.parse(text, self.name, job_id,
+                                                  self.provisioner_id)
+            except BadEndRecord as exc:
+                self._warn_once(path, str(exc))
+        return records
+
+    def _prune(self, end_dir: str) -> None:
+        """Remove records (and left-over temporary files) older than RECORD_KEEP_S,
+        at most once per RECORD_PRUNE_EVERY_S; a failure is only logged."""
+        now = self.clock()
+        if self._pruned_at is not None and now - self._pruned_at < RECORD_PRUNE_EVERY_S:
+            return
+        self._pruned_at = now
+        argv = ["find", end_dir, "-maxdepth", "1", "-type", "f",
+                "(", "-name", "*.json", "-o", "-name", ".*.tmp", ")",
+                "-mmin", f"+{RECORD_KEEP_S // 60}", "-delete"]
+        try:
+            result = self.executor.run(argv, self._env())
+        except BackendError as exc:
+            log.warning("end records at %s not pruned: %s", self.name, exc)
+            return
+        if result.returncode != 0 and "No such file or directory" not in result.stderr:
+            log.warning("end records at %s not pruned: %s", self.name,
+                        (result.stderr or result.stdout).strip())

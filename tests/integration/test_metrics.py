@@ -1,7 +1,8 @@
 """What the allocation bought, checked against the real daemons: the service's
 Prometheus series as the testbed's Prometheus server scraped them, and the
 accounting report of a scripted run whose answer is known in advance (two 1-core
-jobs that keep a core busy for 40 s each, at the GSI site)."""
+jobs that keep a core busy for 40 s each, at the GSI site); each pilot's end is the one
+its own end record states."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from test_loop import (
 )
 
 PROMETHEUS = "http://127.0.0.1:9090"
+END_RECORDS = Path("/var/log/pilots/end")  # the sites' runtime.log_dir + /end
 BUSY_S = 40
 # One process spinning on its core for BUSY_S seconds (no child per iteration: the
 # CPU time of short-lived children is not what a payload's efficiency measures).
@@ -73,8 +75,8 @@ def test_metrics_in_prometheus_and_a_report_with_a_known_answer(tmp_path: Path) 
         assert total("provisioner_pool_known") == 1
         assert total('up{job="provisioner"}') == 1
 
-        # The journal: each pilot's SLURM life (its end seen when it left squeue) and
-        # both job runs from the schedd's history.
+        # The journal: each pilot's SLURM life (its end from its end record, read in
+        # the cycle that saw it leave squeue) and both job runs from the schedd's history.
         def recorded() -> bool:
             with sqlite3.connect(journal) as db:
                 ended = db.execute("SELECT count(*) FROM pilots WHERE site = 'gsi' AND "
@@ -111,6 +113,18 @@ def test_metrics_in_prometheus_and_a_report_with_a_known_answer(tmp_path: Path) 
                            ).fetchall()
     assert allocated >= claimed
     assert abs(allocated - sum(c * (e - s) for c, s, e in lives)) <= 1, (allocated, lives)
+    # Each pilot that ran ended when its end record says (one clock in the testbed),
+    # released by the service; one cancelled before it started left none.
+    with sqlite3.connect(journal) as db:
+        ends = db.execute("SELECT job_id, start_at, end_at, end_source, end_reason, "
+                          "cores FROM pilots WHERE site = 'gsi'").fetchall()
+    ran = [e for e in ends if e[1] is not None]
+    assert ran, ends
+    for job_id, _start, end_at, source, reason, cores in ran:
+        record = json.loads((END_RECORDS / f"gsi-{job_id}.json").read_text())
+        assert (source, reason) == ("record", "released"), (ends, record)
+        assert (record["job_id"], record["site"], record["cores"]) == (job_id, "gsi", cores)
+        assert abs(end_at - record["end"]) < 0.01, (ends, record)
     # E2: the CPU time HTCondor measured over the wall time it measured. The jobs
     # spin, but share this machine's cores with the testbed: well above idle.
     e2 = [float(r["e2_cpu"]) for r in rows if r["e2_cpu"]]

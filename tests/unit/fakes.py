@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from provisioner.accounting import JobRun
 from provisioner.condor import PilotAd, PoolUnreachable, QueueView
 from provisioner.model import Demand
+from provisioner.pilot.endrecord import EndRecord
 from provisioner.sites.base import SiteJob
 
 
@@ -58,6 +59,10 @@ class FakeBackend:
     #: job ids the next submissions get (shared between backends: one sequence); when
     #: empty, ids from the number of calls
     next_ids: list[str] = field(default_factory=list)
+    #: the end records the site holds, by job id; and the ids each read asked for
+    records: dict[str, EndRecord] = field(default_factory=dict)
+    records_error: Exception | None = None
+    record_reads: list[list[str]] = field(default_factory=list)
 
     def _maybe_fail(self) -> None:
         if self.next_error is not None:
@@ -81,6 +86,12 @@ class FakeBackend:
     def cancel(self, job_id: str, only_pending: bool = False) -> None:
         self._maybe_fail()
         self.calls.append(("cancel-pending" if only_pending else "cancel", job_id))
+
+    def end_records(self, job_ids: list[str]) -> dict[str, EndRecord]:
+        self.record_reads.append(list(job_ids))
+        if self.records_error is not None:
+            raise self.records_error
+        return {j: self.records[j] for j in job_ids if j in self.records}
 
 
 class Clock:

@@ -10,6 +10,7 @@ import pytest
 
 from provisioner.accounting import JobRun
 from provisioner.journal import SCHEMA_VERSION, Journal, JournalError, SeenPilot
+from provisioner.pilot.endrecord import EndRecord
 
 OLD_SCHEMA = """
 CREATE TABLE cycles (id INTEGER PRIMARY KEY, at REAL, reason TEXT, summary TEXT,
@@ -59,7 +60,7 @@ def test_pilot_lifecycle_from_squeue_views() -> None:
     [rec] = ev.ended
     assert (rec.start_at, rec.join_at, rec.end_at) == (130.0, 200.0, 400.0)
     row = j.db.execute("SELECT end_source FROM pilots").fetchone()
-    assert row == ("squeue-gone",)
+    assert row == ("squeue",)
     # a job id the site reuses later does not reopen the ended record
     j.record_pilots("gsi", [SeenPilot("7", 4, 8000, 500.0, None, False)], now=510.0)
     assert j.pilots()[0].end_at == 400.0
@@ -93,3 +94,92 @@ def test_a_batch_commits_once_at_its_end(tmp_path: Path) -> None:
     assert reader.execute("SELECT value FROM state WHERE key = 'k'").fetchone() == ("1",)
     journal.cycle("test", "line", {})  # outside a batch: at once
     assert cycles() == 2
+
+
+SCHEMA_2 = """
+CREATE TABLE cycles (id INTEGER PRIMARY KEY, at REAL, reason TEXT, summary TEXT,
+    observe_s REAL, plan_s REAL, act_s REAL);
+CREATE TABLE actions (id INTEGER PRIMARY KEY, cycle INTEGER, at REAL, kind TEXT, site TEXT,
+    job_id TEXT, detail TEXT, outcome TEXT);
+CREATE TABLE state (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE pilots (
+    site TEXT NOT NULL, job_id TEXT NOT NULL, cores INTEGER, memory_mb INTEGER,
+    submit_at REAL, start_at REAL, join_at REAL, end_at REAL, end_source TEXT,
+    PRIMARY KEY (site, job_id));
+CREATE TABLE job_runs (
+    job_id TEXT NOT NULL, start_at REAL NOT NULL, owner TEXT, site TEXT,
+    pilot_job_id TEXT, cores INTEGER, end_at REAL, wall_s REAL, cpu_s REAL,
+    PRIMARY KEY (job_id, start_at));
+INSERT INTO state VALUES ('schema_version', '2');
+INSERT INTO pilots VALUES ('gsi', '7', 4, 8000, 100.0, 130.0, 200.0, 400.0, 'squeue-gone');
+INSERT INTO pilots VALUES ('gsi', '8', 4, 8000, 100.0, 130.0, NULL, NULL, NULL);
+"""
+
+
+def test_schema_2_journal_is_upgraded_and_its_pilots_take_end_records(
+        tmp_path: Path) -> None:
+    path = tmp_path / "j.sqlite"
+    with sqlite3.connect(path) as db:
+        db.executescript(SCHEMA_2)
+    j = Journal(str(path))
+    assert j.get("schema_version") == SCHEMA_VERSION == 3
+    [ended, live] = j.pilots()
+    assert (ended.end_at, ended.end_source, ended.end_reason) == (400.0, "squeue", None)
+    assert live.end_at is None
+    # the open pilot of the old journal ends, and its end record corrects the end
+    j.record_pilots("gsi", [], now=900.0)
+    assert j.awaiting_end_record("gsi", since=0.0) == ["8", "7"]
+    j.apply_end_records("gsi", [EndRecord("8", "gsi", "p", 131.0, 600.0, 4, "released")])
+    assert [(p.end_at, p.end_source, p.end_reason) for p in j.pilots()] == [
+        (400.0, "squeue", None), (600.0, "record", "released")]
+    j.db.close()
+    assert Journal(str(path)).pilots()[1].end_source == "record"  # opened again: as is
+
+
+def ended_pilot(j: Journal, start_at: float | None, gone_at: float = 1250.0) -> None:
+    j.record_pilots("gsi", [SeenPilot("7", 4, 8000, 900.0, start_at, False)], now=1010.0)
+    j.record_pilots("gsi", [], now=gone_at)
+
+
+def test_an_end_record_ends_the_pilot_when_it_ended() -> None:
+    j = Journal("")
+    ended_pilot(j, start_at=1000.0)
+    got = j.apply_end_records("gsi", [EndRecord("7", "gsi", "p", 1002.0, 1100.0, 4,
+                                                "walltime-drain")])
+    [p] = got.updated
+    assert (p.start_at, p.end_at, p.end_source, p.end_reason) == \
+        (1000.0, 1100.0, "record", "walltime-drain")  # squeue's start kept
+    assert got.started == [] and got.refused == {}
+    assert j.awaiting_end_record("gsi", since=0.0) == []
+    # applied once: a second read of the same record changes nothing
+    again = EndRecord("7", "gsi", "p", 1002.0, 1050.0, 4, "released")
+    assert j.apply_end_records("gsi", [again]).updated == [] and j.pilots() == [p]
+
+
+def test_a_start_squeue_never_saw_comes_from_the_record() -> None:
+    j = Journal("")
+    ended_pilot(j, start_at=None)  # started and ended between two cycles
+    got = j.apply_end_records("gsi", [EndRecord("7", "gsi", "p", 1020.0, 1080.0, 4,
+                                                "master-failed")])
+    assert (got.updated[0].start_at, got.updated[0].end_at) == (1020.0, 1080.0)
+    assert got.started == [("gsi", 120.0)]  # queue wait: submitted at 900
+
+
+def test_record_times_are_kept_within_what_squeue_saw() -> None:
+    j = Journal("")
+    ended_pilot(j, start_at=None)
+    # the node's clock runs ahead: its end is after the cycle that saw the job gone
+    [p] = j.apply_end_records("gsi", [EndRecord("7", "gsi", "p", 800.0, 1300.0, 4,
+                                                "released")]).updated
+    assert (p.start_at, p.end_at) == (900.0, 1250.0)  # from submission to seen gone
+
+
+def test_a_record_older_than_its_pilot_is_refused() -> None:
+    j = Journal("")
+    ended_pilot(j, start_at=1000.0)
+    old = EndRecord("7", "gsi", "p", 100.0, 200.0, 4, "released")  # job id reused
+    unknown = EndRecord("99", "gsi", "p", 100.0, 200.0, 4, "released")
+    got = j.apply_end_records("gsi", [old, unknown])
+    assert got.updated == [] and set(got.refused) == {"7", "99"}
+    assert "before the pilot was submitted" in got.refused["7"]
+    assert j.pilots()[0].end_at == 1250.0 and j.pilots()[0].end_source == "squeue"
