@@ -44,6 +44,8 @@ chown pilot: /var/log/pilots
 
 # The provisioner service's own unprivileged account on the central manager.
 id provisioner >/dev/null 2>&1 || useradd -r -m -d /var/lib/provisioner -s /bin/bash provisioner
+# A second physicist: jobs of two users on one pilot (isolation tests).
+id bob >/dev/null 2>&1 || useradd -m -u 2003 -s /bin/bash bob
 install -d -o provisioner -g provisioner -m 0750 /var/log/provisioner
 install -d -o provisioner -g provisioner -m 0700 /run/provisioner
 

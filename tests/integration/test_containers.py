@@ -1,0 +1,118 @@
+"""Jobs in their own containers on the pilots, and jobs kept apart on a shared pilot.
+
+The pilots' start-up test (`apptainer exec` nested in the pilot's container) passes in
+the testbed, so their startds advertise container support; the example payload image
+(images/payload.sif, built from images/payload.def) reaches jobs from a shared path the
+sites bind into pilots (/opt/images) or by HTCondor file transfer from the submit host,
+through CCB. Registry images are refused at submit. Two users' jobs on one pilot can
+neither see nor signal each other's processes (each job has its own PID namespace) nor
+read each other's sandbox."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import htcondor2 as htcondor
+import pytest
+from conftest import run, service_config
+from test_loop import ALICE, assert_clean_completion, clean_pool, jobs_left, wait_for
+
+from provisioner.service import Provisioner
+
+PAYLOAD = "/opt/images/payload.sif"
+BOB = Path("/home/bob")
+GSI_ONLY = '+DesiredSites = "gsi"\nrequirements = PilotSite == "gsi"\n'
+PROBE = ('echo "in=${APPTAINER_CONTAINER:+container} env=$EXPERIMENT_NAME/$EXPERIMENT_RELEASE '
+         'tool=$(exp-info 2>&1)"\n')
+
+
+@pytest.fixture
+def clean() -> Iterator[None]:
+    clean_pool()
+    yield
+    clean_pool()
+
+
+def submit_as(user: str, name: str, script: str, extra: str = "", check: bool = True
+              ) -> str:
+    """`user` submits one job running the shell `script`; output in ~user/out/name/."""
+    home = Path(f"/home/{user}")
+    out = home / "out" / name
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    exe = home / f"{name}.sh"
+    exe.write_text("#!/bin/sh\n" + script)
+    exe.chmod(0o755)
+    sub = home / f"{name}.sub"
+    sub.write_text(f"executable = {exe}\noutput = {out}/0.out\nerror = {out}/0.err\n"
+                   f"log = {out}/job.log\nrequest_cpus = 1\nrequest_memory = 500\n"
+                   + extra + "queue\n")
+    run(["chown", "-R", f"{user}:{user}", str(home)])
+    res = run(["condor_submit", "-terse", str(sub)], user=user, cwd=str(home), check=check)
+    if not check:
+        return res.stdout + res.stderr
+    return res.stdout.split(".")[0].strip()
+
+
+def drive(prov: Provisioner, clusters: list[str], timeout: float) -> None:
+    """Cycles until every cluster is done (a cycle at most every 3 s)."""
+    prov.run_cycle("test")
+    wait_for("the jobs done", lambda: all(jobs_left(c) == 0 for c in clusters)
+             or (prov.run_cycle("test") and False), timeout, step=3)
+
+
+def test_container_jobs_from_a_shared_path_by_transfer_and_singularity_image(
+        clean: None) -> None:
+    shutil.copyfile(PAYLOAD, ALICE / "payload.sif")
+    prov = Provisioner(service_config())
+    shared = submit_as("alice", "ctr-shared", PROBE,
+                       GSI_ONLY + f"container_image = {PAYLOAD}\ntransfer_container = false\n")
+    sent = submit_as("alice", "ctr-sent", PROBE, GSI_ONLY + "container_image = payload.sif\n")
+    legacy = submit_as("alice", "ctr-legacy", PROBE,
+                       GSI_ONLY + f'+SingularityImage = "{PAYLOAD}"\n')
+    plain = submit_as("alice", "ctr-none", PROBE, GSI_ONLY)
+    drive(prov, [shared, sent, legacy, plain], 240)
+    for name in ("ctr-shared", "ctr-sent", "ctr-legacy"):
+        out = (ALICE / "out" / name / "0.out").read_text().strip()
+        assert out == "in=container env=example/2025.1 tool=example 2025.1", (name, out)
+        assert_clean_completion(name, 1, outputs=False)
+    out = (ALICE / "out" / "ctr-none" / "0.out").read_text()
+    assert "env=/ " in out, out  # no image named, none set by the site: the pilot's own
+    ads = htcondor.Collector().query(htcondor.AdType.Startd, constraint='PilotSite =?= "gsi"',
+                                     projection=["HasContainer", "HasSIF", "HasSingularity",
+                                                 "PilotContainerTest"])
+    for ad in ads:  # the pilot may have left already; if not, its ad says why it can
+        assert ad.get("HasContainer") is True and ad.get("HasSIF") is True, ad
+        assert str(ad.get("PilotContainerTest", "")).startswith("ok: apptainer exec"), ad
+
+
+def test_a_registry_image_is_refused_at_submit_with_the_reason(clean: None) -> None:
+    out = submit_as("alice", "ctr-docker", PROBE, "container_image = docker://debian:12\n",
+                    check=False)
+    assert "cannot reach a container registry" in out, out
+    assert "docker://debian:12" in out, out
+
+
+def test_two_users_on_one_pilot_cannot_see_or_signal_each_others_jobs(clean: None) -> None:
+    prov = Provisioner(service_config())
+    victim = submit_as("alice", "victim", 'echo mine >"$_CONDOR_SCRATCH_DIR/alice-file"\n'
+                                          "sleep 61\n", GSI_ONLY)
+    attacker = submit_as("bob", "attacker", (
+        "sleep 8\n"
+        "grep -l 'sleep.61' /proc/[0-9]*/cmdline >/dev/null 2>&1 && echo LEAK-sees || echo hidden\n"
+        "pkill -f 'sleep 61' 2>/dev/null && echo LEAK-killed || echo hidden\n"
+        'ls "$_CONDOR_SCRATCH_DIR"/../*/alice-file >/dev/null 2>&1 && echo LEAK-sandbox '
+        "|| echo hidden\n"
+        "echo procs=$(ls -d /proc/[0-9]* | wc -l)\n"), GSI_ONLY)
+    drive(prov, [victim, attacker], 300)
+    out = (BOB / "out" / "attacker" / "0.out").read_text().split()
+    assert out[:3] == ["hidden", "hidden", "hidden"], out
+    assert int(out[3].split("=")[1]) <= 6, out
+    assert_clean_completion("victim", 1, outputs=False)
+    log = (ALICE / "out" / "victim" / "job.log").read_text()
+    host = [line for line in log.splitlines() if "Job executing on host" in line]
+    assert host, log
+    bob_log = (BOB / "out" / "attacker" / "job.log").read_text()
+    assert host[0].split("host:")[1].strip() in bob_log, "the two jobs ran on different pilots"
