@@ -116,3 +116,17 @@ def test_two_users_on_one_pilot_cannot_see_or_signal_each_others_jobs(clean: Non
     assert host, log
     bob_log = (BOB / "out" / "attacker" / "job.log").read_text()
     assert host[0].split("host:")[1].strip() in bob_log, "the two jobs ran on different pilots"
+
+
+def test_a_sites_default_payload_image_runs_jobs_that_name_none(clean: None) -> None:
+    """`runtime.payload_image`: jobs without an image of their own run in the site's."""
+    config = service_config()
+    gsi = next(s for s in config.sites if s.name == "gsi")
+    runtime = gsi.runtime.model_copy(update={"payload_image": PAYLOAD})
+    sites = [s.model_copy(update={"runtime": runtime}) if s.name == "gsi" else s
+             for s in config.sites]
+    prov = Provisioner(config.model_copy(update={"sites": sites}))
+    plain = submit_as("alice", "ctr-default", PROBE, GSI_ONLY)
+    drive(prov, [plain], 240)
+    out = (ALICE / "out" / "ctr-default" / "0.out").read_text().strip()
+    assert out == "in=container env=example/2025.1 tool=example 2025.1", out
