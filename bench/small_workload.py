@@ -1,0 +1,193 @@
+"""The testbed's small-workload measurement (`make bench-small`), its pure part.
+
+The workload: from zero pilots, 8 one-minute jobs, then 4 more six minutes later, with
+the provisioner's production policy (every `policy` setting at its default). Per run:
+efficiency = claimed / allocated core-seconds (pilots counted from SLURM start to end,
+`provisioner.accounting`), job waits (submission to first start) and pilots that never
+ran a job. The target (issue 10: efficiency >= 0.80 with wait p95 <= 40 s in every run)
+is reported, never asserted. deploy/testbed/smallload.py runs it and feeds this module.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from provisioner.accounting import JobRun, PilotRecord, percentile, site_days
+from provisioner.config import PolicyConfig
+
+TARGET_EFFICIENCY = 0.80
+TARGET_WAIT_P95_S = 40.0
+
+
+def _show(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _flat(data: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[str, Any]]:
+    for key, value in data.items():
+        if isinstance(value, Mapping):
+            yield from _flat(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def reset_policy(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """A copy of a parsed configuration without its `policy` section (so every policy
+    and cadence setting takes the provisioner's default), and one line per setting the
+    section had: "policy.interval_s: 10 -> 300". Sites, pool, journal stay as they are."""
+    out = copy.deepcopy(dict(data))
+    policy = out.pop("policy", None) or {}
+    defaults = dict(_flat(PolicyConfig().model_dump()))
+    lines = []
+    for key, value in _flat(policy):
+        default = defaults.get(key, "(default)")
+        same = " (the default already)" if _show(value) == _show(default) else ""
+        lines.append(f"policy.{key}: {_show(value)} -> {_show(default)}{same}")
+    return out, lines
+
+
+def job_waits(ads: Iterable[Mapping[str, Any]]) -> list[float]:
+    """Seconds from submission (QDate) to the first start (JobStartDate) of each job
+    history ad; jobs that never started are left out."""
+    out = []
+    for ad in ads:
+        start, queued = int(ad.get("JobStartDate") or 0), int(ad.get("QDate") or 0)
+        if start > 0 and queued > 0:
+            out.append(float(max(0, start - queued)))
+    return out
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One run; `error` says why it did not complete ("" = it did)."""
+
+    run: int
+    offset_s: float
+    efficiency: float | None = None
+    waits: tuple[float, ...] = ()
+    pilots: int = 0  # submitted to SLURM
+    started: int = 0  # of those, started
+    never_claimed: int = 0  # started but ran no job
+    unattributed: int = 0  # job runs whose pilot the journal does not know
+    error: str = ""
+
+    def wait(self, q: float) -> float | None:
+        return percentile(list(self.waits), q)
+
+    @property
+    def met(self) -> bool:
+        p95 = self.wait(95)
+        return (not self.error and self.efficiency is not None and p95 is not None
+                and self.efficiency >= TARGET_EFFICIENCY and p95 <= TARGET_WAIT_P95_S)
+
+
+def measure(run: int, offset_s: float, pilots: Sequence[PilotRecord],
+            runs: Sequence[JobRun], waits: Sequence[float], now: float) -> RunResult:
+    """A completed run's figures from its pilot records and job runs."""
+    rows = site_days(pilots, runs, now)
+    allocated = sum(r.allocated for r in rows)
+    claimed = sum(r.claimed for r in rows)
+    ran = {r.pilot_key for r in runs}
+    started = [p for p in pilots if p.start_at is not None]
+    keys = {p.key for p in pilots}
+    return RunResult(run=run, offset_s=offset_s,
+                     efficiency=claimed / allocated if allocated > 0 else None,
+                     waits=tuple(waits), pilots=len(pilots), started=len(started),
+                     never_claimed=sum(1 for p in started if p.key not in ran),
+                     unattributed=sum(1 for r in runs if r.pilot_key not in keys))
+
+
+def progress(elapsed: float, jobs: Mapping[int, int] | None, total: int,
+             pilots: Mapping[str, Sequence[str]] | None, cycles: int) -> str:
+    """One progress line from the jobs still queued (JobStatus -> count; None: unknown)
+    and each site's pilot job states (None: unknown)."""
+    if jobs is None:
+        j = "jobs ?"
+    else:
+        j = (f"jobs {jobs.get(1, 0)} idle, {jobs.get(2, 0)} running, "
+             f"{total - sum(jobs.values())}/{total} done")
+        if jobs.get(5):
+            j += f", {jobs[5]} held"
+    if pilots is None:
+        p = "pilots ?"
+    else:
+        p = "pilots " + ", ".join(
+            f"{site} " + (" ".join(f"{n} {state}" for state, n in sorted(Counter(states).items()))
+                          or "0") for site, states in pilots.items())
+    return f"  [{elapsed:5.0f} s] {j} | {p} | {cycles} cycles"
+
+
+def _num(x: float | None, fmt: str = ".1f") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    got = [v for v in values if v is not None]
+    return statistics.fmean(got) if got else None
+
+
+def table(results: Sequence[RunResult]) -> str:
+    """Markdown: one row per run, then the mean of the completed runs."""
+    head = ["run", "offset s", "efficiency", "wait p50 s", "wait p95 s", "wait max s",
+            "pilots", "started", "never claimed"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for r in results:
+        if r.error:
+            cells = [str(r.run), _num(r.offset_s), f"failed: {r.error}"] + [""] * 6
+        else:
+            cells = [str(r.run), _num(r.offset_s), _num(r.efficiency, ".3f"),
+                     _num(r.wait(50)), _num(r.wait(95)), _num(r.wait(100)),
+                     str(r.pilots), str(r.started), str(r.never_claimed)]
+        lines.append("| " + " | ".join(cells) + " |")
+    done = [r for r in results if not r.error]
+    if done:
+        cells = ["mean", "", _num(_mean(r.efficiency for r in done), ".3f")]
+        cells += [_num(_mean(r.wait(q) for r in done)) for q in (50, 95, 100)]
+        cells += [_num(_mean(float(getattr(r, a)) for r in done))
+                  for a in ("pilots", "started", "never_claimed")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def document(results: Sequence[RunResult], date: str, reset: Sequence[str],
+             plot: tuple[str, int] | None = None) -> str:
+    """The results file: what ran, the table, the target met in how many runs."""
+    met = sum(1 for r in results if r.met)
+    out = [
+        "# Testbed: the small workload on the production defaults",
+        "",
+        f"{date}. From zero pilots, alice submits 8 one-minute jobs (1 core, 500 MB), six "
+        "minutes later 4 more; the provisioner service runs with the testbed's sites "
+        "(deploy/testbed/provisioner.yaml) and every `policy` setting at its default. "
+        "Each run starts the service, then submits at a random offset within one quick "
+        "check, so the submission's phase in the cycle varies. `make bench-small` "
+        "regenerates this file.",
+        "",
+        "Reset to the defaults: " + ("; ".join(f"`{line}`" for line in reset) or "nothing"),
+        "",
+        "Efficiency: claimed / allocated core-seconds over both sites, every pilot from "
+        "its SLURM start to its end. Wait: submission to first start (QDate -> "
+        "JobStartDate). Never claimed: pilots that started and ran no job.",
+        "",
+        table(results),
+        "",
+        f"Target (efficiency >= {TARGET_EFFICIENCY:.2f} with wait p95 <= "
+        f"{TARGET_WAIT_P95_S:.0f} s): met in {met} of {len(results)} runs.",
+    ]
+    if any(r.unattributed for r in results):
+        out.append("Some job runs name a pilot the journal does not know (their claimed "
+                   "time is missing from the efficiency): "
+                   + ", ".join(f"run {r.run}: {r.unattributed}"
+                               for r in results if r.unattributed) + ".")
+    if plot:
+        out += ["", f"![allocated vs claimed cores per site, run {plot[1]}]({plot[0]})"]
+    return "\n".join(out) + "\n"
