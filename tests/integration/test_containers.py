@@ -24,6 +24,9 @@ from provisioner.service import Provisioner
 PAYLOAD = "/opt/images/payload.sif"
 BOB = Path("/home/bob")
 GSI_ONLY = '+DesiredSites = "gsi"\nrequirements = PilotSite == "gsi"\n'
+#: With container_image HTCondor takes an absolute executable path to be inside the
+#: image unless told to send it.
+SEND_EXE = "transfer_executable = true\n"
 PROBE = ('echo "in=${APPTAINER_CONTAINER:+container} env=$EXPERIMENT_NAME/$EXPERIMENT_RELEASE '
          'tool=$(exp-info 2>&1)"\n')
 
@@ -68,12 +71,21 @@ def test_container_jobs_from_a_shared_path_by_transfer_and_singularity_image(
     shutil.copyfile(PAYLOAD, ALICE / "payload.sif")
     prov = Provisioner(service_config())
     shared = submit_as("alice", "ctr-shared", PROBE,
-                       GSI_ONLY + f"container_image = {PAYLOAD}\ntransfer_container = false\n")
-    sent = submit_as("alice", "ctr-sent", PROBE, GSI_ONLY + "container_image = payload.sif\n")
+                       GSI_ONLY + SEND_EXE
+                       + f"container_image = {PAYLOAD}\ntransfer_container = false\n")
+    sent = submit_as("alice", "ctr-sent", PROBE, GSI_ONLY + SEND_EXE
+                     + "container_image = payload.sif\n")
     legacy = submit_as("alice", "ctr-legacy", PROBE,
                        GSI_ONLY + f'+SingularityImage = "{PAYLOAD}"\n')
     plain = submit_as("alice", "ctr-none", PROBE, GSI_ONLY)
-    drive(prov, [shared, sent, legacy, plain], 240)
+    steal = submit_as("alice", "ctr-steal", (
+        "for f in /tmp/pilot-*/tokens.d/pilot /var/tmp/pilot-*/tokens.d/pilot "
+        "/etc/provisioner/pilot.token; do cat $f >/dev/null 2>&1 && echo LEAK-$f; done\n"
+        "echo procs=$(ls -d /proc/[0-9]* | wc -l)\n"),
+        GSI_ONLY + SEND_EXE + f"container_image = {PAYLOAD}\ntransfer_container = false\n")
+    drive(prov, [shared, sent, legacy, plain, steal], 240)
+    out = (ALICE / "out" / "ctr-steal" / "0.out").read_text()
+    assert "LEAK" not in out and int(out.split("procs=")[1]) <= 6, out
     for name in ("ctr-shared", "ctr-sent", "ctr-legacy"):
         out = (ALICE / "out" / name / "0.out").read_text().strip()
         assert out == "in=container env=example/2025.1 tool=example 2025.1", (name, out)
