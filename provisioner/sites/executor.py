@@ -21,6 +21,7 @@ import os
 import re
 import shlex
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -185,7 +186,12 @@ class SshExecutor:
         return f"ssh to {self.user}@{self.host}:{self.port} failed: {text or 'exit 255'}"
 
     def close(self) -> None:
-        """Stop the master connection, if any (ssh -O exit)."""
-        if Path(self.control_path).exists():
+        """Stop the master connection, if any (ssh -O exit), and wait (at most 2 s) for
+        the master to remove its socket: it exits after answering."""
+        socket = Path(self.control_path)
+        if socket.exists():
             subprocess.run([*self.ssh_argv("-O", "exit")], capture_output=True, timeout=10,
                            check=False)
+            deadline = time.monotonic() + 2.0
+            while socket.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
