@@ -25,6 +25,12 @@ from dataclasses import dataclass
 #: Where the pilot image has Apptainer (images/pilot.def installs it).
 APPTAINER = "/usr/bin/apptainer"
 
+#: Dynamic-loader settings a site may set by default (one that intercepted the loader,
+#: LD_AUDIT, made containers 3x slower), plain and in the forms Apptainer injects into
+#: containers: the batch script and the pilot drop them before anything starts.
+LOADER_VARIABLES = tuple(prefix + name for prefix in ("", "SINGULARITYENV_", "APPTAINERENV_")
+                         for name in ("LD_AUDIT", "LD_PRELOAD"))
+
 #: A command in the pilot's container: argv -> (exit status, output).
 Execute = Callable[[list[str]], tuple[int, str]]
 

@@ -33,7 +33,12 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.pilot import endrecord
-from provisioner.pilot.containers import ContainerSupport, container_config, self_test
+from provisioner.pilot.containers import (
+    LOADER_VARIABLES,
+    ContainerSupport,
+    container_config,
+    self_test,
+)
 from provisioner.xcache import proxy_environment
 
 log = logging.getLogger("provisioner.pilot")
@@ -512,7 +517,7 @@ def main() -> int:
 
 def run_pilot(ending: Ending) -> int:
     """Everything the pilot does; every return notes in `ending` why it left."""
-    for key in ("LD_AUDIT", "SINGULARITYENV_LD_AUDIT", "APPTAINERENV_LD_AUDIT"):
+    for key in LOADER_VARIABLES:
         os.environ.pop(key, None)
     try:
         params = params_from_env(dict(os.environ), time.time())

@@ -142,3 +142,21 @@ def test_a_sites_default_payload_image_runs_jobs_that_name_none(clean: None) -> 
     drive(prov, [plain], 240)
     out = (ALICE / "out" / "ctr-default" / "0.out").read_text().strip()
     assert out == "in=container env=example/2025.1 tool=example 2025.1", out
+
+
+def test_a_job_edited_to_a_registry_image_is_held_with_the_reason(clean: None) -> None:
+    """Past the submit check (condor_qedit): the schedd's periodic hold catches it."""
+    cluster = submit_as("alice", "ctr-edited", PROBE, "hold = true\n")
+    run(["condor_qedit", cluster, "SingularityImage", '"docker://debian:12"'], user="alice")
+    run(["condor_release", cluster], user="alice")
+
+    def reason() -> str:
+        ads = htcondor.Schedd().query(constraint=f"ClusterId == {cluster}",
+                                      projection=["JobStatus", "HoldReason"])
+        return str(ads[0].get("HoldReason", "")) if ads and ads[0]["JobStatus"] == 5 else ""
+
+    # Released, then held again by SYSTEM_PERIODIC_HOLD (every PERIODIC_EXPR_INTERVAL).
+    held = wait_for("the job held again", lambda: "registry" in reason() and reason(), 150,
+                    step=3)
+    assert "docker://debian:12" in str(held) and "cannot reach a container registry" in str(
+        held), held
