@@ -32,6 +32,7 @@ DEFAULT = "/src/deploy/testbed/campaigns/cache-modes.yaml"
 CONFIG = "/src/deploy/testbed/provisioner.yaml"
 RESULTS = Path("/src/build/campaigns")
 ON = "/src/deploy/testbed/inside/on"
+CACHE_MODE = "/src/deploy/testbed/inside/cache-mode"
 SITES = {"gsi": ("gsi-login", "/etc/slurm-gsi/slurm.conf"),
          "frankfurt": ("fra-login", "/etc/slurm-frankfurt/slurm.conf")}
 PATH = "/opt/venv/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -100,6 +101,9 @@ def main(argv: list[str]) -> int:
         if service.poll() is None:
             os.killpg(service.pid, signal.SIGTERM)
             service.wait(timeout=60)
+        # Scenarios switch the Frankfurt cache host's mode: leave it in the testbed's
+        # default (the demo and the tests read through a plain XCache).
+        subprocess.run([CACHE_MODE, "xcache"], capture_output=True, check=False)
     left = pilots()
     if left:
         print(f"campaign: {left} pilot(s) still in SLURM; they stop when idle "
