@@ -376,13 +376,10 @@ class Checker:
             report.add("environment", FAIL, f"the image declares no environment (label "
                        f"{LABEL_ENVIRONMENT} missing) and none was named with --env")
             return
-        proc = self._call("environment", ["exec", "--cleanenv", image, "env"], env)
-        if isinstance(proc, str) or proc.returncode != 0:
-            why = proc if isinstance(proc, str) else _tail(proc)
-            report.add("environment", FAIL, f"`apptainer exec --cleanenv {image} env` "
-                       f"failed: {why}")
+        inside = self._env_inside("environment", ["exec", "--cleanenv", image, "env"], env,
+                                  report)
+        if inside is None:
             return
-        inside = parse_env(proc.stdout)
         report.environment = {v: inside[v] for v in wanted if inside.get(v)}
         missing = [v for v in wanted if v not in inside]
         empty = [v for v in wanted if v in inside and not inside[v]]
@@ -393,16 +390,23 @@ class Checker:
             return
         report.add("environment", OK, " ".join(f"{v}={inside[v]}" for v in wanted))
 
+    def _env_inside(self, check: str, args: list[str], env: Mapping[str, str],
+                    report: Report, setting: str = "") -> dict[str, str] | None:
+        """The environment `apptainer ARGS` prints, or None after reporting the failure."""
+        proc = self._call(check, args, env)
+        if isinstance(proc, str) or proc.returncode != 0:
+            why = proc if isinstance(proc, str) else _tail(proc)
+            report.add(check, FAIL, f"`apptainer {' '.join(args)}`{setting} failed: {why}")
+            return None
+        return parse_env(proc.stdout)
+
     def _loader(self, image: str, env: Mapping[str, str], removed: list[str],
                 report: Report) -> None:
         probe = {**env, **dict.fromkeys(self.loader_vars, LOADER_MARKER)}
-        proc = self._call("loader variables", ["exec", image, "env"], probe)
-        if isinstance(proc, str) or proc.returncode != 0:
-            why = proc if isinstance(proc, str) else _tail(proc)
-            report.add("loader variables", FAIL, f"`apptainer exec {image} env` with "
-                       f"{', '.join(self.loader_vars)} set failed: {why}")
+        inside = self._env_inside("loader variables", ["exec", image, "env"], probe, report,
+                                  f" with {', '.join(self.loader_vars)} set")
+        if inside is None:
             return
-        inside = parse_env(proc.stdout)
         leaked = [v for v in self.loader_vars if inside.get(v) == LOADER_MARKER]
         set_by_image = [v for v in self.loader_vars
                         if v in inside and inside[v] != LOADER_MARKER]
