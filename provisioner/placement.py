@@ -6,7 +6,8 @@ the controller; defaults from `policy.placement` for a site without history), ra
 when its pending pilots have all waited longer (`site_leads`). The lead is divided by
 the site's weight: a weight scales, it does not order. A row that could not fill a
 site's smallest pilot is charged the cores that pilot would leave unused. Sites within
-`tie_share` of the best *share* a row; no site wins a tie by its name. Pending pilots
+`tie_share` of the best *share* a row; no site wins a tie by its name, and the share is
+moved so that no site gets a remainder it would need a whole node for (`whole_pilots`). Pending pilots
 count as capacity only while no new pilot elsewhere would beat them (`slow_pending`).
 """
 
@@ -114,4 +115,57 @@ def shares(n: int, capacity: Sequence[int], load: Sequence[float]) -> list[int]:
             if rest and out[i] < capacity[i]:
                 out[i] += 1
                 rest -= 1
+    return out
+
+
+def _waste(k: int, per_pilot: int, fill: int) -> int:
+    """Job slots left empty when `k` jobs go to new pilots of `per_pilot` jobs each, the
+    smallest of which the site makes hold `fill` jobs' worth (whole nodes)."""
+    if k <= 0 or per_pilot <= 0:
+        return 0
+    rest = k % per_pilot
+    return max(0, min(fill, per_pilot) - rest) if rest else 0
+
+
+def whole_pilots(split: Sequence[int], capacity: Sequence[int], per_pilot: Sequence[int],
+                 fill: Sequence[int]) -> list[int]:
+    """`split` (from `shares`) moved until no new pilot is left part-empty that a move
+    could fill: a site whose smallest pilot is a whole node (`fill` jobs' worth) would
+    otherwise get a remainder of a few jobs and a node for them. A move either takes a
+    site's remainder elsewhere or fills a site's last pilot from another site, within
+    `capacity`; the move that saves the most empty slots goes first, then the smaller
+    move (the split stays as even as it can). Sums to sum(split)."""
+    out = list(split)
+    n = len(out)
+
+    def total() -> int:
+        return sum(_waste(out[i], per_pilot[i], fill[i]) for i in range(n))
+
+    for _ in range(4 * n * n):
+        now = total()
+        if now == 0:
+            break
+        best: tuple[int, int, int, int] | None = None  # (-saved, moved, i, j)
+        for i in range(n):
+            for j in range(n):
+                if i == j or out[i] == 0:
+                    continue
+                rest_i = out[i] % per_pilot[i] if per_pilot[i] else 0
+                empty_j = _waste(out[j], per_pilot[j], fill[j]) if out[j] else 0
+                for d in {rest_i, empty_j}:
+                    d = min(d, out[i], capacity[j] - out[j])
+                    if d <= 0:
+                        continue
+                    out[i] -= d
+                    out[j] += d
+                    saved = now - total()
+                    out[i] += d
+                    out[j] -= d
+                    if saved > 0 and (best is None or (-saved, d) < best[:2]):
+                        best = (-saved, d, i, j)
+        if best is None:
+            break
+        _s, d, i, j = best
+        out[i] -= d
+        out[j] += d
     return out

@@ -45,7 +45,14 @@ from provisioner.model import (
     Submit,
 )
 from provisioner.packing import INF, BinGroup, CapacityIndex, Item, NewPilots
-from provisioner.placement import costs_of, ranked, shares, site_leads, slow_pending
+from provisioner.placement import (
+    costs_of,
+    ranked,
+    shares,
+    site_leads,
+    slow_pending,
+    whole_pilots,
+)
 from provisioner.reserve import reserve_lead, reserve_rows, reserve_size
 from provisioner.scaledown import carry_over, pilot_actions
 
@@ -195,7 +202,8 @@ def fill_existing(rows: Iterable[Row], sites: dict[str, SiteRow], now: float,
 def fill_new(rows: Iterable[Row], sites: dict[str, SiteRow], global_left: int,
              costs: Mapping[str, float], tie_share: float) -> int:
     """Stage 3: each row's remaining jobs into new pilots, best sites first (`ranked`):
-    sites of one tier share the row in proportion to the pilots they can still take, what
+    sites of one tier share the row in proportion to the pilots they can still take (moved
+    so that no new pilot is left part-empty where a move fills it: `whole_pilots`), what
     one cannot take goes to the others, then to the next tier. Within each site's room
     and `global_left` new pilots over all sites; returns what is left of `global_left`."""
     left = [global_left]
@@ -212,11 +220,22 @@ def fill_new(rows: Iterable[Row], sites: dict[str, SiteRow], global_left: int,
                 break
             capacity = [_takes(sites[name], row, left[0]) for name in tier]
             load = [sites[name].load() for name in tier]
-            for name, n in zip(tier, shares(row.left, capacity, load), strict=True):
+            split = shares(row.left, capacity, load)
+            if len(tier) > 1:
+                split = whole_pilots(split, capacity,
+                                     [_per_pilot(sites[name], row) for name in tier],
+                                     [-(-min_cpus[name] // row.item.cpus) for name in tier])
+            for name, n in zip(tier, split, strict=True):
                 _place(sites[name], row, n, left)
             for name in tier:
                 _place(sites[name], row, row.left, left)
     return left[0]
+
+
+def _per_pilot(s: SiteRow, row: Row) -> int:
+    """How many of the row's jobs one new pilot at `s` takes."""
+    p = s.config.pilot
+    return row.item.per_bin(min(p.cpus, max(p.pack_cpus, row.item.cpus)), p.memory_mb, p.gpus)
 
 
 def _takes(s: SiteRow, row: Row, global_left: int) -> int:
@@ -224,9 +243,7 @@ def _takes(s: SiteRow, row: Row, global_left: int) -> int:
     new = s.new
     assert new is not None
     pilots = max(0, min(new.allowed, new.opened + global_left) - new.opened)
-    p = s.config.pilot
-    return pilots * row.item.per_bin(min(p.cpus, max(p.pack_cpus, row.item.cpus)),
-                                     p.memory_mb, p.gpus)
+    return pilots * _per_pilot(s, row)
 
 
 def _place(s: SiteRow, row: Row, n: int, global_left: list[int]) -> None:

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from provisioner.model import Cancel, JobShape, Pilot, PilotState, SiteEstimate, Snapshot, Submit
-from provisioner.placement import shares
+from provisioner.placement import _waste, shares, whole_pilots
 from provisioner.plan import plan
 
 from .helpers import NOW, config, pilot, site, snap
@@ -43,6 +43,46 @@ def test_shares_follow_capacity_and_never_exceed_it() -> None:
     assert shares(30, [2, 30], [0.0, 0.0]) == [2, 28]
     assert shares(1, [5, 5], [0.5, 0.1]) == [0, 1]  # the remainder to the less loaded
     assert shares(50, [3, 4], [0.0, 0.0]) == [3, 4]
+
+
+def test_a_whole_node_site_gets_no_remainder_it_would_need_a_node_for() -> None:
+    # 4 jobs per pilot at both; the second site gives whole nodes only
+    assert whole_pilots([3, 5], [4, 8], [4, 4], [1, 4]) == [4, 4]
+    assert sorted(whole_pilots([1, 3], [4, 8], [4, 4], [1, 4])) == [0, 4]
+    assert whole_pilots([1, 4], [4, 8], [4, 4], [1, 4]) == [1, 4]  # nothing to save
+    assert whole_pilots([7, 6], [40, 40], [4, 4], [4, 4]) == [7, 6]  # 13: 3 empty anyway
+    assert whole_pilots([2, 2], [2, 8], [4, 4], [4, 4]) == [0, 4]  # the capacity holds
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(0, 80), caps=st.lists(st.integers(0, 40), min_size=2, max_size=4),
+       per=st.lists(st.integers(1, 8), min_size=4, max_size=4),
+       fill=st.lists(st.integers(1, 8), min_size=4, max_size=4))
+def test_whole_pilots_keeps_the_jobs_and_the_capacity_and_never_wastes_more(
+        n: int, caps: list[int], per: list[int], fill: list[int]) -> None:
+    k = len(caps)
+    split = shares(n, caps, [0.0] * k)
+    out = whole_pilots(split, caps, per[:k], fill[:k])
+    assert sum(out) == sum(split)
+    assert all(0 <= o <= c for o, c in zip(out, caps, strict=True))
+    before = sum(_waste(s, p, f) for s, p, f in zip(split, per, fill, strict=False))
+    after = sum(_waste(o, p, f) for o, p, f in zip(out, per, fill, strict=False))
+    assert after <= before
+
+
+def submitted_cpus(result) -> int:  # type: ignore[no-untyped-def]
+    return sum(a.cpus * a.count for a in result.actions if isinstance(a, Submit))
+
+
+def test_equal_sites_one_of_whole_nodes_get_no_part_empty_node() -> None:
+    cfg = config(site("gsi", cpus=4, min_cpus=1, max_pilots=1, max_pending=1, max_submit=1),
+                 site("frankfurt", cpus=4, min_cpus=4, max_pilots=2, max_pending=2,
+                      max_submit=2), max_submit=10)
+    for n in (8, 4, 5, 12):
+        result = plan(snap([(ONE, n)], sites=("gsi", "frankfurt")), cfg, NOW)
+        placed = new_jobs(result, "gsi") + new_jobs(result, "frankfurt")
+        assert placed == n
+        assert submitted_cpus(result) == n, (n, result.actions)  # no core left empty
 
 
 def test_the_learnt_quicker_site_takes_the_demand_and_weight_scales() -> None:
