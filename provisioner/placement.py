@@ -7,8 +7,9 @@ when its pending pilots have all waited longer (`site_leads`). The lead is divid
 the site's weight: a weight scales, it does not order. A row that could not fill a
 site's smallest pilot is charged the cores that pilot would leave unused. Sites within
 `tie_share` of the best *share* a row; no site wins a tie by its name, and the share is
-moved so that no site gets a remainder it would need a whole node for (`whole_pilots`). Pending pilots
-count as capacity only while no new pilot elsewhere would beat them (`slow_pending`).
+moved so that no site gets a remainder it would need a whole node for (`whole_pilots`).
+Pending pilots count as capacity only while no new pilot elsewhere would beat them
+(`slow_pending`).
 """
 
 from __future__ import annotations
