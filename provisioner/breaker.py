@@ -114,6 +114,10 @@ class SiteBreakers:
             return 0 if untested else 1
         return None
 
+    def probing(self) -> frozenset[str]:
+        """Sites that are half-open (a pilot tests them)."""
+        return frozenset(site for site, st in self.states.items() if st.probing)
+
     def limits(self, now: float, untested: Mapping[str, int]) -> dict[str, int]:
         """`max_new` of every site that has a limit this cycle (the others absent);
         `untested`: site -> its pilots pending or starting."""

@@ -140,11 +140,15 @@ class BreakerConfig(_Model):
 class PolicyConfig(_Model):
     interval_s: float = Field(default=300, gt=0)
     #: The cheap check between cycles; at most interval_s.
-    quick_check_s: float = Field(default=20, gt=0)
+    #: An idle pilot is seen (and released) within one quick check of its last job.
+    quick_check_s: float = Field(default=10, gt=0)
     #: No two cycles closer than this, less a tenth of a quick check (timer slack,
     #: `provisioner.cadence.SLACK`), except when the interval has passed.
-    min_cycle_gap_s: float = Field(default=10, ge=0)
-    idle_release_cycles: int = Field(default=2, ge=1)
+    min_cycle_gap_s: float = Field(default=5, ge=0)
+    #: Cycles an idle pilot without demand or reserve is seen idle before it is released
+    #: (1: at the first; 2: flagged, then released at the next quick check if still idle).
+    #: Jobs expected soon are the reserve's business, not this hysteresis'.
+    idle_release_cycles: int = Field(default=1, ge=1)
     min_pilot_lifetime_s: float = Field(default=0, ge=0)
     max_submit_per_cycle: int = Field(default=20, ge=0)
     #: A pilot running at its site whose startd has not joined the pool after this

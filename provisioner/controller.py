@@ -203,6 +203,7 @@ class Controller:
                        recent_departures=left, estimates=dict(self.estimates.sites),
                        unneeded_cycles=dict(self.unneeded), hedged=frozenset(self.hedged),
                        submit_limit=self.breakers.limits(now, in_flight), drained_cycles=drained,
+                       probing=self.breakers.probing(),
                        arrival_times=len(self.arrivals),
                        reserve_hold=max((n for _t, n in self.reserves), default=0))
 

@@ -142,6 +142,8 @@ class Snapshot:
     hedged: frozenset[str] = frozenset()
     #: site -> most new pilots allowed this cycle (circuit breaker); absent = no limit.
     submit_limit: dict[str, int] = field(default_factory=dict)
+    #: sites whose circuit breaker is half-open: their pending pilot is the probe.
+    probing: frozenset[str] = frozenset()
     #: DRAINING pilot (drained by someone else) with nothing running -> consecutive
     #: earlier cycles seen so.
     drained_cycles: dict[str, int] = field(default_factory=dict)

@@ -3,7 +3,8 @@
 IDLE pilots without assigned demand (or reserve) are flagged, and released once observed
 idle for `idle_release_cycles` consecutive cycles (minimum lifetime and keep_warm
 permitting); flagged pilots that are busy again or received demand are unflagged; PENDING
-pilots without assigned demand are cancelled (keep_warm permitting); pilots running at
+pilots without assigned demand are cancelled (keep_warm permitting; not a half-open site's
+probe); pilots running at
 their site whose startd never joined the pool within `start_timeout_s` are cancelled.
 """
 
@@ -82,7 +83,9 @@ def pilot_actions(
                     out.append(Flag(p, "idle, no demand for it"))
             elif p.state is PilotState.PENDING and p.key not in used:
                 unneeded.append(p.key)
-                if (not submitting
+                # a half-open site's pending pilot is its probe: cancelled, it would only
+                # be replaced by another probe as soon as demand comes back
+                if (not submitting and site_name not in snapshot.probing
                         and snapshot.unneeded_cycles.get(p.key, 0) + 1 >= cancel_after):
                     cancels.append(p)
             elif (drained_empty(p)

@@ -73,8 +73,8 @@ SCENARIOS: tuple[tuple[str, str], ...] = (
 def default_config(sites: list[SiteModel], reserve: cf.ReserveConfig | None = None) -> cf.Config:
     """The configuration `ours` runs with; the reserve is the default one unless given."""
     return cf.Config(
-        policy=cf.PolicyConfig(interval_s=300, quick_check_s=20, min_cycle_gap_s=10,
-                               idle_release_cycles=2, max_submit_per_cycle=120,
+        policy=cf.PolicyConfig(interval_s=300, quick_check_s=10, min_cycle_gap_s=5,
+                               idle_release_cycles=1, max_submit_per_cycle=120,
                                reserve=reserve or cf.ReserveConfig()),
         sites=tuple(s.config for s in sites),
     )

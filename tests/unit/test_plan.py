@@ -193,6 +193,14 @@ def test_pending_without_demand_cancelled_starting_only_after_the_start_timeout(
                   ) == [("Cancel", "1"), ("Cancel", "3")]
 
 
+def test_a_half_open_sites_pending_probe_is_not_cancelled_for_lack_of_demand() -> None:
+    pend = pilot("1", PilotState.PENDING)
+    s = dataclasses.replace(snap([], [pend]), unneeded_cycles={"gsi/1": 10})
+    assert [type(a).__name__ for a in plan(s, config(), NOW).actions] == ["Cancel"]
+    probing = dataclasses.replace(s, probing=frozenset({"gsi"}))
+    assert plan(probing, config(), NOW).actions == ()
+
+
 def test_pending_kept_when_demand_needs_it() -> None:
     pend = pilot("1", PilotState.PENDING)
     result = plan(snap([(ONE, 3)], [pend]), config(), NOW)

@@ -221,8 +221,16 @@ def test_a_ghost_ad_does_not_make_every_quick_check_a_cycle(world) -> None:  # t
         assert prov.tick() is None
 
 
+def _two_cycle_release(prov) -> None:  # type: ignore[no-untyped-def]
+    """Flagged first, released at the next quick check (`idle_release_cycles: 2`)."""
+    policy = prov.config.policy.model_copy(update={"idle_release_cycles": 2})
+    prov.config = prov.config.model_copy(update={"policy": policy})
+    prov.controller.config = prov.config
+
+
 def test_flag_then_release_takes_one_quick_check_not_two(world) -> None:  # type: ignore[no-untyped-def]
     prov, pool, backends, clock = world
+    _two_cycle_release(prov)
     q = prov.config.policy.quick_check_s
     backends["gsi"].jobs = [running_job("7")]
     pool.ads = {"gsi/7": idle_ad("7")}
@@ -251,7 +259,8 @@ def test_flag_then_release_takes_one_quick_check_when_the_gap_equals_it(world) -
     5 ms short of 3 s after the flag and still releases."""
     prov, pool, backends, clock = world
     policy = prov.config.policy.model_copy(
-        update={"interval_s": 10.0, "quick_check_s": 3.0, "min_cycle_gap_s": 3.0})
+        update={"interval_s": 10.0, "quick_check_s": 3.0, "min_cycle_gap_s": 3.0,
+                "idle_release_cycles": 2})
     prov.config = prov.config.model_copy(update={"policy": policy})
     prov.controller.config = prov.config
     backends["gsi"].jobs = [running_job("7")]

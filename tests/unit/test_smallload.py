@@ -23,9 +23,9 @@ def test_reset_drops_the_testbeds_policy_and_keeps_its_sites() -> None:
     assert "policy" not in out
     assert {k: v for k, v in out.items()} == {k: v for k, v in data.items() if k != "policy"}
     assert "policy.interval_s: 10 -> 300" in lines
-    assert "policy.quick_check_s: 3 -> 20" in lines
+    assert "policy.quick_check_s: 3 -> 10" in lines
     assert "policy.reserve.enabled: false -> true" in lines
-    assert "policy.idle_release_cycles: 2 -> 2 (the default already)" in lines
+    assert "policy.idle_release_cycles: 2 -> 1" in lines
     assert len(lines) == len(list(small._flat(data["policy"])))
     config = Config.model_validate(out)
     assert config.policy == PolicyConfig()
