@@ -265,6 +265,9 @@ class PilotRuntimeConfig(_Model):
     containers: bool = True
     #: The image that start-up test runs ("" = the pilot image itself).
     container_test_image: str = Field(default="", pattern=r"^(|/[A-Za-z0-9_./+@%=,-]*)$")
+    #: Seconds a passed start-up test counts on its node: pilots there skip it meanwhile
+    #: (provisioner.pilot.testcache; a failed test is never cached). 0 = always test.
+    container_test_cache_s: int = Field(default=21600, ge=0)
     #: The image jobs that name none run in ("" = none: they run in the pilot's).
     payload_image: str = Field(default="", pattern=r"^(|/[A-Za-z0-9_./+@%=,-]*)$")
     #: Extra options of the pilot startd's condor_gpu_discovery (HTCondor's

@@ -42,13 +42,18 @@ class ContainerSupport:
     seconds: float = 0.0
 
 
+def self_test_argv(image: str, apptainer: str = APPTAINER) -> list[str]:
+    """The start-up test's command in the pilot's container."""
+    return [apptainer, "-s", "exec", "--contain", "--cleanenv", "--no-home", "--pid",
+            image, "/bin/true"]
+
+
 def self_test(execute: Execute, image: str, apptainer: str = APPTAINER,
               clock: Callable[[], float] = time.monotonic) -> ContainerSupport:
     """Run ``apptainer exec IMAGE /bin/true`` nested in the pilot's container."""
     if not image:
         return ContainerSupport(False, "no test image")
-    argv = [apptainer, "-s", "exec", "--contain", "--cleanenv", "--no-home", "--pid",
-            image, "/bin/true"]
+    argv = self_test_argv(image, apptainer)
     start = clock()
     try:
         rc, out = execute(argv)

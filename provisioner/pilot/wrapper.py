@@ -32,12 +32,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from provisioner.pilot import endrecord
+from provisioner.pilot import endrecord, testcache
 from provisioner.pilot.containers import (
     LOADER_VARIABLES,
     ContainerSupport,
     container_config,
     self_test,
+    self_test_argv,
 )
 from provisioner.xcache import proxy_environment
 
@@ -77,6 +78,8 @@ class PilotParams:
     bind: tuple[str, ...] = ()
     containers: bool = False
     container_test_image: str = ""
+    #: How long a passed start-up test counts on its node (0: it always runs).
+    container_test_cache_s: int = testcache.DEFAULT_TTL_S
     payload_image: str = ""
 
     @property
@@ -136,6 +139,8 @@ def params_from_env(env: dict[str, str], now: float) -> PilotParams:
         bind=tuple(d for d in env.get("PILOT_BIND", "").split(",") if d),
         containers=env.get("PILOT_CONTAINERS", "0") == "1",
         container_test_image=env.get("PILOT_CONTAINER_TEST_IMAGE") or env.get("PILOT_IMAGE", ""),
+        container_test_cache_s=_int_env(env, "PILOT_CONTAINER_TEST_CACHE_S",
+                                        testcache.DEFAULT_TTL_S),
         payload_image=env.get("PILOT_PAYLOAD_IMAGE", ""),
     )
 
@@ -409,15 +414,43 @@ class Pilot:
         """Test nested Apptainer on this node; configure the startd by the outcome."""
         if not self.p.containers:
             return None
-        support = self_test(self._in_container, self.p.container_test_image)
-        if support.ok:
-            log.info("container support: %s", support.detail)
-        else:
+        support = self._container_test()
+        if not support.ok:
             log.warning("no container support on this node: %s", support.detail)
         settings = container_config(support, self.p.payload_image)
         with self.config.open("a") as f:
             f.write("# --- container support (start-up test) ---\n")
             f.writelines(f"{k} = {v}\n" for k, v in settings.items())
+        return support
+
+    def _container_test(self) -> ContainerSupport:
+        """The start-up test's outcome: a pass of this node's cache (testcache), or the
+        test itself, whose pass is then cached."""
+        image = self.p.container_test_image
+        ttl = self.p.container_test_cache_s
+        cache = testcache.cache_file(self.p.scratch)
+        key = None
+        if ttl > 0 and image:
+            try:
+                key = testcache.node_key(image, self.p.image, self_test_argv(image))
+            except OSError as exc:
+                log.info("container test cache not used: %s", exc)
+        if key is not None:
+            cached = testcache.lookup(testcache.read_record(cache), key, self.clock(), ttl,
+                                      image)
+            if cached is not None:
+                log.info("container support (start-up test skipped, cached): %s",
+                         cached.detail)
+                return cached
+        support = self_test(self._in_container, image)
+        if support.ok:
+            log.info("container support: %s", support.detail)
+        if support.ok and key is not None:
+            try:
+                testcache.write_record(cache, testcache.new_record(key, self.clock(),
+                                                                   support.seconds))
+            except OSError as exc:
+                log.warning("could not cache the container test in %s: %s", cache, exc)
         return support
 
     def _options(self) -> list[str]:
