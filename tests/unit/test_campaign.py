@@ -140,6 +140,18 @@ def test_the_shipped_campaigns_are_valid() -> None:
         load_campaign(f)
 
 
+def test_the_cache_hit_campaign_reads_its_reference_after_the_dca_cache_filled() -> None:
+    c = load_campaign(REPO / "deploy/testbed/campaigns/cache-hit-ratio.yaml")
+    names = [s.name for s in c.scenarios]
+    reference = c.reference()
+    assert reference is not None and reference.url.startswith("file:///srv/xcache/")
+    before = c.scenarios[names.index(reference.name) - 1]
+    assert before.warm and before.setup[-1][-1] == "xcache-dca"
+    assert reference.setup[-1][-2:] == ["xcache-dca", "--keep"] and not reference.warm
+    assert {s.name for s in c.scenarios if s.warm} == {
+        "xcache-warm", "xcache-dca-warm", "dcotf-warm"}
+
+
 def test_placeholders_replace_whole_arguments_only() -> None:
     values = {"prefix": "f-", "count": "4"}
     assert substitute(["mk", "{prefix}", "--n={count}", "{count}", "{other}"], values) == [
