@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """`provisioner bench read`: the generic reader of the cache studies.
 
-Reads a file over XRootD in blocks (default 8 MiB) with a stride: block k starts
+Reads a file over XRootD (root://, or file:// for a local file, which the XRootD
+client reads itself) in blocks (default 8 MiB) with a stride: block k starts
 at k x (block size + stride), so stride 0 is a sequential read, and no block is
 read twice. Stops at the end of the file, after `duration_s` or `max_bytes`.
 Records per wall-clock second how many blocks and bytes arrived. Then checks
 what it read: the whole file against a SHA-256 if one is given, and a sample of
 the blocks against a reference copy (by default the origin URL inside a cache
-URL, root://cache//root://origin//path): a cache that serves wrong bytes fails.
+URL, root://cache//root://origin//path; none for a file:// URL): a cache that
+serves wrong bytes fails.
 
 The schedule, the per-second records and the comparison are pure; `read_url`
 does the I/O through a small `Opener` (the XRootD Python bindings in service).
@@ -57,7 +59,8 @@ def offsets(size: int, block: int, stride: int = 0) -> Iterator[int]:
 
 
 def origin_of(url: str) -> str | None:
-    """The origin URL inside a cache URL (root://cache//root://origin//path), else None."""
+    """The origin URL inside a cache URL (root://cache//root://origin//path), else None
+    (also for a file:// URL, even one whose path holds a root:// URL)."""
     if not url.startswith("root://"):
         return None
     rest = url[len("root://"):]
@@ -186,7 +189,8 @@ def compare_sample(url: str, reference: str, open_file: Opener, read_at: Sequenc
 
 
 class XRootDFile:
-    """A file opened with the XRootD Python bindings (python3-xrootd)."""
+    """A file opened with the XRootD Python bindings (python3-xrootd): root:// URLs, and
+    file:///path, which the client opens on the local file system."""
 
     def __init__(self, url: str) -> None:
         try:

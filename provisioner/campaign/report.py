@@ -10,9 +10,11 @@ installed). The layout, written by `runner`::
     DIR/<scenario>/<clients>/client-<i>.json, .netdev.csv   fio clients instead
     DIR/<scenario>/<clients>/step.json    status, error, failed clients, hit ratio
 
-A step without step.json counts every client with a CSV as ok. matplotlib is
-imported only to draw; without it the tables are still written and report.md says
-how to draw the plots.
+A step without step.json counts every client with a CSV as ok. If the campaign has
+a scenario with ``reference: local`` (a direct local read), report.md also divides
+every other scenario's throughput by the reference's at the same client count.
+matplotlib is imported only to draw; without it the tables are still written and
+report.md says how to draw the plots.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,11 +37,14 @@ from provisioner.campaign.aggregate import (
     parse_client_csv,
     summarize,
 )
+from provisioner.campaign.spec import CampaignError, parse_campaign
 
 log = logging.getLogger(__name__)
 
 STEP_FILE = "step.json"
 SPEC_COPY = "campaign.yaml"
+#: A cache hit should deliver at least this fraction of the direct local read.
+HIT_GOAL = 0.9
 
 
 @dataclass
@@ -120,6 +126,51 @@ def read_steps(out: Path) -> list[Step]:
     return steps
 
 
+def roles(out: Path) -> tuple[str | None, set[str]]:
+    """(the reference scenario, the warm scenarios) of the campaign copy in `out`;
+    (None, set()) without a copy or if it no longer validates."""
+    try:
+        campaign = parse_campaign((out / SPEC_COPY).read_text(), str(out / SPEC_COPY))
+    except (OSError, CampaignError):
+        return None, set()
+    reference = campaign.reference()
+    return (reference.name if reference else None,
+            {s.name for s in campaign.scenarios if s.warm})
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """One scenario's mean throughput over the reference's at the same client count."""
+
+    scenario: str
+    clients: int
+    label: str
+    gbit_s: float | None
+    reference_gbit_s: float | None
+    ratio: float | None
+    #: The least ratio wanted (hits), None for misses.
+    goal: float | None
+
+
+def ratios(table: list[StepSummary], reference: str, warm: Collection[str]) -> list[Ratio]:
+    """PURE: every other scenario's mean Gbit/s over the reference's at the same client
+    count: "hit / direct local" for warm scenarios, "miss / direct local" for cold
+    ones. A failed step (its own or the reference's) has no ratio."""
+    base = {t.clients: t.mean_gbit_s for t in table if t.scenario == reference and t.ok}
+    out = []
+    for t in table:
+        if t.scenario == reference:
+            continue
+        hit = t.scenario in warm
+        value = t.mean_gbit_s if t.ok else None
+        ref = base.get(t.clients)
+        out.append(Ratio(t.scenario, t.clients,
+                         "hit / direct local" if hit else "miss / direct local", value, ref,
+                         value / ref if value is not None and ref else None,
+                         HIT_GOAL if hit else None))
+    return out
+
+
 def summaries(steps: list[Step]) -> list[StepSummary]:
     return [summarize(s.scenario, s.clients, aggregate(s.series), s.ok, s.failed, s.hit_ratio,
                       s.error, None if s.fio_bytes_s is None else s.fio_bytes_s / GBIT)
@@ -151,7 +202,25 @@ def write_tables(out: Path, steps: list[Step], table: list[StepSummary]) -> None
                         _fmt(t.fio_gbit_s, 6), t.error])
 
 
-def markdown(name: str, table: list[StepSummary], plots: list[Path], plot_note: str) -> str:
+def ratio_lines(reference: str, rows: list[Ratio]) -> list[str]:
+    """The report's section on `ratios`."""
+    lines = ["", "## Cache hit and miss vs the direct local read", "",
+             f"Each scenario's mean Gbit/s (as above) divided by that of {reference} (the "
+             "direct local read) at the same client count: hit / direct local for warm "
+             "scenarios (every file read once before), miss / direct local for cold ones "
+             f"(the miss path's overhead). Goal for hits: >= {HIT_GOAL}.", "",
+             f"| scenario | clients | measure | mean Gbit/s | {reference} Gbit/s | ratio | "
+             "goal |", "|" + "---|" * 7]
+    for r in rows:
+        goal = "-" if r.goal is None else f">= {r.goal}" + (
+            "" if r.ratio is None else " met" if r.ratio >= r.goal else " missed")
+        lines.append(f"| {r.scenario} | {r.clients} | {r.label} | {_fmt(r.gbit_s)} | "
+                     f"{_fmt(r.reference_gbit_s)} | {_fmt(r.ratio)} | {goal} |")
+    return lines
+
+
+def markdown(name: str, table: list[StepSummary], plots: list[Path], plot_note: str,
+             reference: str | None = None, warm: Collection[str] = ()) -> str:
     fio = any(t.fio_gbit_s is not None for t in table)
     lines = [f"# Campaign {name}", "",
              "Aggregate throughput: the clients' bytes summed per wall-clock second over "
@@ -166,6 +235,8 @@ def markdown(name: str, table: list[StepSummary], plots: list[Path], plot_note: 
                _fmt(t.mean_gbit_s), _fmt(t.p50_gbit_s), _fmt(t.max_gbit_s),
                str(t.clients_ok), str(t.clients_failed), _fmt(t.hit_ratio, 2)]
         lines.append("| " + " | ".join(row + ([_fmt(t.fio_gbit_s)] if fio else [])) + " |")
+    if reference is not None:
+        lines += ratio_lines(reference, ratios(table, reference, warm))
     failures = [t for t in table if not t.ok]
     lines += ["", "## Failures", ""]
     lines += [f"- {t.error}" if t.error else f"- scenario {t.scenario}, {t.clients} "
@@ -246,5 +317,6 @@ def render(out: Path, name: str | None = None) -> list[Path]:
             name = str(yaml.safe_load((out / SPEC_COPY).read_text())["name"])
         except (OSError, yaml.YAMLError, KeyError, TypeError):
             name = out.name
-    (out / "report.md").write_text(markdown(name, table, plots, note))
+    reference, warm = roles(out)
+    (out / "report.md").write_text(markdown(name, table, plots, note, reference, warm))
     return [out / "results.csv", out / "summary.csv", out / "report.md", *plots]

@@ -18,6 +18,10 @@ Example (a read campaign)::
         url: "root://fra-cache:1094//root://gsi-storage:1094//data/{file}"
         setup: [[/src/deploy/testbed/inside/cache-mode, xcache]]
         warm: false
+      - name: direct-local              # the reference of the report's ratio table
+        site: frankfurt
+        reference: local                # only such a scenario may read a file:// URL
+        url: "file:///srv/xcache/data/{file}"
 
 File i is named ``<prefix><i>`` (i = 0 .. count-1); client i of a step reads file
 i mod count. ``prepare``, ``setup`` and ``hit_ratio`` are argv lists, never shell
@@ -33,7 +37,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from provisioner.benchread import parse_size
 
@@ -149,6 +161,10 @@ class Scenario(_Model):
 
     name: str = Field(pattern=NAME_PATTERN)
     site: str = Field(pattern=SITE_PATTERN)
+    #: ``local``: the campaign's direct local read, the reference report.md divides the
+    #: other scenarios' throughput by; its URL may be a file:// URL (read by the XRootD
+    #: client on the worker). Before `url`, so that url's check can see it.
+    reference: Literal["local"] | None = None
     #: URL template; ``{file}`` is replaced by the file's name.
     url: str
     #: Commands run before each client-count step (switch the cache mode, flush it).
@@ -162,11 +178,15 @@ class Scenario(_Model):
 
     @field_validator("url")
     @classmethod
-    def _url(cls, v: str) -> str:
+    def _url(cls, v: str, info: ValidationInfo) -> str:
         if "{file}" not in v:
             raise ValueError("the URL template must contain {file}")
-        if not v.startswith("root://"):
-            raise ValueError("the URL template must be a root:// URL")
+        local = info.data.get("reference") == "local"
+        if local and v.startswith("file://") and not v.startswith("file:///"):
+            raise ValueError("a file:// URL template names an absolute path: file:///dir/{file}")
+        if not v.startswith("root://") and not (local and v.startswith("file://")):
+            raise ValueError("the URL template must be a root:// URL (a file:// URL only in "
+                             "the scenario with reference: local)")
         if re.search(r"[\s\"'\\]", v):
             raise ValueError("the URL template cannot contain blanks, quotes or backslashes")
         rest = v.replace("{file}", "")
@@ -238,9 +258,16 @@ class Campaign(_Model):
             dup = sorted({n for n in names if names.count(n) > 1})
             if dup:
                 raise ValueError(f"scenario names must be unique: {', '.join(dup)}")
+            refs = [s.name for s in self.scenarios if s.reference]
+            if len(refs) > 1:
+                raise ValueError(f"only one scenario can be the reference: {', '.join(refs)}")
         elif self.fio is None:
             raise ValueError("a fio campaign needs fio: {jobfile, nodes, site}")
         return self
+
+    def reference(self) -> Scenario | None:
+        """The scenario with ``reference: local``, if any."""
+        return next((s for s in self.scenarios if s.reference), None)
 
     def scenario_names(self) -> list[str]:
         return [s.name for s in self.scenarios] if self.kind == "read" else [

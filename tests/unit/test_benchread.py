@@ -1,18 +1,24 @@
-"""The read benchmark's schedule, per-second records and byte checks (in-memory files)."""
+"""The read benchmark's schedule, per-second records and byte checks (in-memory files),
+and its command line on a local file:// URL (with the XRootD client where installed)."""
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import itertools
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from provisioner import benchread
 from provisioner.benchread import (
     PerSecond,
     ReadError,
+    main,
     offsets,
     origin_of,
     parse_size,
@@ -86,6 +92,8 @@ def test_origin_inside_a_cache_url() -> None:
     assert origin_of("root://cache:1094//root://origin:1094//data/f") == \
         "root://origin:1094//data/f"
     assert origin_of("root://origin:1094//data/f") is None
+    assert origin_of("file:///srv/xcache/data/f") is None
+    assert origin_of("file:///srv/xcache/root://origin:1094//data/f") is None
 
 
 def test_per_second_rows_fill_idle_seconds() -> None:
@@ -142,3 +150,57 @@ def test_limits_and_stride() -> None:
 def test_unreachable_reference_is_an_error() -> None:
     with pytest.raises(ReadError, match="no such file"):
         read_url(URL, Store({URL: DATA}), block=1000, reference=ORIGIN, clock=Clock())
+
+
+# -- a local file:// URL, as a campaign's direct local reference reads it -------------------
+
+class LocalFile:
+    """file:///path opened with Python's own I/O: stands in for the XRootD client where
+    its bindings are not installed, to check what `main` does with such a URL."""
+
+    def __init__(self, url: str) -> None:
+        assert url.startswith("file:///"), url
+        self._f = open(url.removeprefix("file://"), "rb")  # noqa: SIM115
+        self.size = os.fstat(self._f.fileno()).st_size
+
+    def read(self, offset: int, length: int) -> bytes:
+        self._f.seek(offset)
+        return self._f.read(length)
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def local_copy(tmp_path: Path) -> tuple[str, str]:
+    data = os.urandom(3 * 1024 * 1024 + 123)
+    path = tmp_path / "camp-0"
+    path.write_bytes(data)
+    return f"file://{path}", hashlib.sha256(data).hexdigest()
+
+
+def check_main_on_a_local_url(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url, digest = local_copy(tmp_path)
+    out = tmp_path / "reads.csv"
+    assert main([url, "--block-size", "1M", "--sha256", digest, "--csv", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"{url}: {3 * 1024 * 1024 + 123} bytes in 4 blocks" in printed
+    assert "checked: sha256" in printed and " vs " not in printed  # no origin to compare
+    rows = list(csv.DictReader(out.open()))
+    assert sum(int(r["bytes"]) for r in rows) == 3 * 1024 * 1024 + 123
+    assert {r["url"] for r in rows} == {url}
+    assert main([url, "--block-size", "1M", "--sha256", "0" * 64]) == 1
+    assert "wrong bytes: SHA-256" in capsys.readouterr().err
+
+
+def test_main_reads_and_checks_a_local_file_url(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(benchread, "XRootDFile", LocalFile)
+    check_main_on_a_local_url(tmp_path, capsys)
+
+
+def test_the_xrootd_client_reads_a_local_file_url(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("XRootD.client", reason="the XRootD Python bindings are not installed")
+    check_main_on_a_local_url(tmp_path, capsys)
+    with pytest.raises(ReadError, match="cannot open"):
+        benchread.XRootDFile(f"file://{tmp_path}/missing")

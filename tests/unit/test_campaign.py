@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from provisioner.campaign.aggregate import (
     GBIT,
+    StepSummary,
     aggregate,
     fio_bandwidth,
     netdev_series,
@@ -23,7 +24,7 @@ from provisioner.campaign.aggregate import (
     summarize,
 )
 from provisioner.campaign.fioclient import read_netdev
-from provisioner.campaign.report import render
+from provisioner.campaign.report import HIT_GOAL, markdown, ratios, render, roles
 from provisioner.campaign.runner import CondorPool, Event, Runner, fold_events, submit_file
 from provisioner.campaign.spec import (
     CampaignError,
@@ -102,11 +103,53 @@ def test_fio_campaign_needs_an_existing_jobfile(tmp_path: Path) -> None:
     assert c.fio is not None and c.fio.scenario == "seq-read"
 
 
+LOCAL = """\
+  - name: direct-local
+    site: frankfurt
+    reference: local
+    url: "file:///srv/xcache/data/{file}"
+"""
+
+
+def test_only_the_local_reference_may_read_a_file_url() -> None:
+    c = parse_campaign(GOOD + LOCAL)
+    reference = c.reference()
+    assert reference is not None and reference.name == "direct-local"
+    assert reference.url_of("f-1") == "file:///srv/xcache/data/f-1"
+    assert parse_campaign(GOOD).reference() is None
+    for text, field, message in [
+            (LOCAL.replace("    reference: local\n", ""), "scenarios[2].url",
+             "must be a root:// URL (a file:// URL only in the scenario with reference: "
+             "local) (got 'file:///srv/xcache/data/{file}')"),
+            (LOCAL.replace("file:///", "http://host/"), "scenarios[2].url", "root:// URL"),
+            (LOCAL.replace("file:///", "file://host/"), "scenarios[2].url", "absolute path"),
+            (LOCAL.replace("reference: local", "reference: remote"), "scenarios[2].reference",
+             "'local'"),
+            (LOCAL + LOCAL.replace("direct-local", "second"), "(top level)",
+             "only one scenario can be the reference: direct-local, second")]:
+        with pytest.raises(CampaignError) as err:
+            parse_campaign(GOOD + text, "c.yaml")
+        assert any(f" {field}: " in line and message in line
+                   for line in str(err.value).splitlines()), str(err.value)
+
+
 def test_the_shipped_campaigns_are_valid() -> None:
     files = sorted((REPO / "deploy/testbed/campaigns").glob("*.yaml"))
     assert files
     for f in files:
         load_campaign(f)
+
+
+def test_the_cache_hit_campaign_reads_its_reference_after_the_dca_cache_filled() -> None:
+    c = load_campaign(REPO / "deploy/testbed/campaigns/cache-hit-ratio.yaml")
+    names = [s.name for s in c.scenarios]
+    reference = c.reference()
+    assert reference is not None and reference.url.startswith("file:///srv/xcache/")
+    before = c.scenarios[names.index(reference.name) - 1]
+    assert before.warm and before.setup[-1][-1] == "xcache-dca"
+    assert reference.setup[-1][-2:] == ["xcache-dca", "--keep"] and not reference.warm
+    assert {s.name for s in c.scenarios if s.warm} == {
+        "xcache-warm", "xcache-dca-warm", "dcotf-warm"}
 
 
 def test_placeholders_replace_whole_arguments_only() -> None:
@@ -255,6 +298,52 @@ def test_report_renders_tables_and_plots_from_client_csvs(tmp_path: Path) -> Non
     assert "![scaling](scaling.png)" in md
 
 
+def step_summary(scenario: str, clients: int, gbit_s: float, failed: int = 0) -> StepSummary:
+    return summarize(scenario, clients, [(1, int(gbit_s * GBIT))], clients - failed, failed)
+
+
+def test_ratios_divide_by_the_local_reference_at_the_same_client_count() -> None:
+    table = [step_summary("cold", 1, 0.5), step_summary("cold", 2, 0.5),
+             step_summary("warm", 1, 1.8), step_summary("warm", 2, 3.0),
+             step_summary("warm", 4, 4.0), step_summary("broken", 1, 1.0, failed=1),
+             step_summary("local", 1, 2.0), step_summary("local", 2, 4.0)]
+    rows = {(r.scenario, r.clients): r for r in ratios(table, "local", {"warm"})}
+    assert list(rows) == [("cold", 1), ("cold", 2), ("warm", 1), ("warm", 2), ("warm", 4),
+                          ("broken", 1)]
+    assert (rows["warm", 1].label, rows["warm", 1].ratio, rows["warm", 1].goal) == (
+        "hit / direct local", 0.9, HIT_GOAL)
+    assert (rows["warm", 2].reference_gbit_s, rows["warm", 2].ratio) == (4.0, 0.75)
+    assert (rows["cold", 2].label, rows["cold", 2].ratio, rows["cold", 2].goal) == (
+        "miss / direct local", 0.125, None)
+    assert rows["warm", 4].ratio is None  # the reference did not run with 4 clients
+    assert rows["broken", 1].gbit_s is None and rows["broken", 1].ratio is None
+    md = markdown("c", table, [], "", "local", {"warm"})
+    assert "## Cache hit and miss vs the direct local read" in md
+    assert "| warm | 1 | hit / direct local | 1.800 | 2.000 | 0.900 | >= 0.9 met |" in md
+    assert "| warm | 2 | hit / direct local | 3.000 | 4.000 | 0.750 | >= 0.9 missed |" in md
+    assert "| warm | 4 | hit / direct local | 4.000 | - | - | >= 0.9 |" in md
+    assert "| cold | 2 | miss / direct local | 0.500 | 4.000 | 0.125 | - |" in md
+    assert "| local |" not in md.split("## Cache hit")[1]
+    assert "direct local" not in markdown("c", table, [], "")
+
+
+def test_report_takes_the_reference_and_warm_scenarios_from_the_campaign_copy(
+        tmp_path: Path) -> None:
+    synthetic(tmp_path)
+    assert roles(tmp_path) == (None, set())
+    (tmp_path / "campaign.yaml").write_text(
+        GOOD.replace("setup: [[cache-mode, xcache]]", "setup: [[cache-mode, xcache]]\n"
+                     "    warm: true").replace("name: no-cache", "name: no-cache\n"
+                                             "    reference: local"))
+    assert roles(tmp_path) == ("no-cache", {"xcache"})
+    render(tmp_path)
+    md = (tmp_path / "report.md").read_text()
+    assert "| xcache | 1 | hit / direct local |" in md
+    assert "| xcache | 2 | hit / direct local | " in md  # no-cache failed with 2 clients
+    (tmp_path / "campaign.yaml").write_text("name: [not, valid]\n")
+    assert roles(tmp_path) == (None, set())
+
+
 # -- the runner against a recording pool ---------------------------------------------------
 
 class RecordingPool:
@@ -335,6 +424,16 @@ def test_runner_submits_each_step_and_renders(tmp_path: Path) -> None:
     out = tmp_path / "out"
     assert (out / "report.md").exists() and (out / "scaling.png").exists()
     assert json.loads((out / "xcache" / "2" / "step.json").read_text())["status"] == "ok"
+
+
+def test_the_local_reference_reads_its_file_urls(tmp_path: Path) -> None:
+    pool = RecordingPool()
+    runner, _, _ = make_runner(tmp_path, pool, GOOD + LOCAL)
+    assert runner.run() == 0
+    assert [i["url"] for i in pool.submitted[-1][1]] == [
+        "file:///srv/xcache/data/f-0", "file:///srv/xcache/data/f-1"]
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "| xcache | 2 | miss / direct local |" in md
 
 
 def test_more_clients_than_files_read_round_robin(tmp_path: Path) -> None:
