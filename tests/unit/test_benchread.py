@@ -1,5 +1,6 @@
 """The read benchmark's schedule, per-second records and byte checks (in-memory files),
-and its command line on a local file:// URL (with the XRootD client where installed)."""
+and its command line on a local file:// URL (the XRootD client itself reads one in
+tests/integration/test_benchread_local.py)."""
 
 from __future__ import annotations
 
@@ -196,11 +197,3 @@ def test_main_reads_and_checks_a_local_file_url(tmp_path: Path, capsys: pytest.C
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(benchread, "XRootDFile", LocalFile)
     check_main_on_a_local_url(tmp_path, capsys)
-
-
-def test_the_xrootd_client_reads_a_local_file_url(tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("XRootD.client", reason="the XRootD Python bindings are not installed")
-    check_main_on_a_local_url(tmp_path, capsys)
-    with pytest.raises(ReadError, match="cannot open"):
-        benchread.XRootDFile(f"file://{tmp_path}/missing")
