@@ -35,12 +35,16 @@ class CycleMark:
     reserve: int = 0  # reserve job slots the cycle wanted (Plan.reserve_jobs)
 
 
-def cycle_due(now: float, probe: Probe, last: CycleMark | None, policy: PolicyConfig) -> str:
+def cycle_due(now: float, probe: Probe, last: CycleMark | None, policy: PolicyConfig,
+              previous: Probe | None = None) -> str:
     """The reason a full cycle is due now, or "" if not.
 
     Due when: there was no cycle yet; the interval has passed; or, at least
     `min_cycle_gap_s` after the last cycle, demand rose (more idle jobs), a pilot became
-    idle that the last cycle did not see idle, or - once `quick_check_s` has passed -
+    idle that the last cycle or the `previous` probe did not see idle (a pilot idle at the
+    last cycle that ran jobs since and is idle again), the queue emptied while the last
+    cycle left pilots idle (kept for jobs that have started since), or - once
+    `quick_check_s` has passed -
     flagged pilots await confirmation (hysteresis costs seconds, not a full interval) or
     the last cycle left demand unprovisioned because of caps. With a reserve, a pilot the
     last cycle saw idle that is no longer idle (a job took it) also makes a cycle due, so
@@ -63,8 +67,11 @@ def cycle_due(now: float, probe: Probe, last: CycleMark | None, policy: PolicyCo
         return ""
     if probe.idle_jobs > last.idle_jobs:
         return "idle jobs rose"
-    if probe.idle_pilots - last.idle_pilots:
+    if probe.idle_pilots - last.idle_pilots or (
+            previous is not None and probe.idle_pilots - previous.idle_pilots):
         return "pilot became idle"
+    if last.idle_pilots and last.idle_jobs and not probe.idle_jobs:
+        return "queue emptied"
     if last.reserve and last.idle_pilots - probe.idle_pilots:
         return "reserve drawn on"
     if last.flagged and since >= policy.quick_check_s - slack:

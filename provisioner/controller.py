@@ -90,6 +90,7 @@ class Controller:
     idle_cycles: dict[str, int] = field(default_factory=dict)
     releases: dict[str, ReleaseMark] = field(default_factory=dict)
     mark: CycleMark | None = None
+    probed: Probe | None = None  # the last quick check's probe
     history: QueueHistory = field(init=False)
     estimates: Estimates = field(init=False)
     breakers: SiteBreakers = field(init=False)
@@ -128,7 +129,8 @@ class Controller:
     # -- cadence -----------------------------------------------------------------------
     def due(self, now: float, probe: Probe) -> str:
         """Why a full cycle is due at `now` given the cheap `probe`, or ""."""
-        return cycle_due(now, probe, self.mark, self.config.policy)
+        previous, self.probed = self.probed, probe
+        return cycle_due(now, probe, self.mark, self.config.policy, previous)
 
     # -- the reserve's window ----------------------------------------------------------
     def window(self, now: float) -> float:

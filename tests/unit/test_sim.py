@@ -65,6 +65,33 @@ def test_cadence_rules() -> None:
     assert cycle_due(1300, Probe(0), last, pol) == "interval"
 
 
+def test_a_pilot_idle_again_after_jobs_is_seen_at_the_next_check() -> None:
+    """The last cycle kept idle pilot a/1 for idle jobs; they ran on it. The check that
+    sees it busy makes no cycle; the next one, seeing it idle again, does; and when the
+    queue empties while the last cycle left it idle (jobs shorter than a check), too."""
+    pol = PolicyConfig(interval_s=300, quick_check_s=10, min_cycle_gap_s=5)
+    last = CycleMark(at=1000, idle_jobs=4, idle_pilots=frozenset({"a/1"}))
+    busy = Probe(0, frozenset())
+    assert cycle_due(1010, Probe(1, frozenset()), last, pol) == ""
+    assert cycle_due(1020, Probe(1, frozenset({"a/1"})), last, pol, busy) == "pilot became idle"
+    assert cycle_due(1020, Probe(1, frozenset({"a/1"})), last, pol,
+                     Probe(1, frozenset({"a/1"}))) == ""
+    assert cycle_due(1020, Probe(0, frozenset({"a/1"})), last, pol,
+                     Probe(1, frozenset({"a/1"}))) == "queue emptied"
+    nothing_kept = CycleMark(at=1000, idle_jobs=4)
+    assert cycle_due(1020, Probe(0), nothing_kept, pol, Probe(1)) == ""
+
+
+def test_the_controller_remembers_the_last_probe() -> None:
+    from provisioner.controller import Controller
+
+    from .helpers import config
+    c = Controller(config())
+    c.mark = CycleMark(at=1000, idle_jobs=4, idle_pilots=frozenset({"a/1"}))
+    assert c.due(1200, Probe(1, frozenset())) == ""  # busy: nothing to decide
+    assert c.due(1210, Probe(1, frozenset({"a/1"}))) == "pilot became idle"
+
+
 def test_queue_size_is_what_the_schedd_query_counts() -> None:
     """The simulator's (total, older) are the jobs still queued, all and those submitted
     before `since`: what the service counts in its schedd query."""
