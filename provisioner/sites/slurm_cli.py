@@ -230,7 +230,7 @@ class SlurmCliBackend:
             # Wherever the command runs (an SSH session starts in the account's
             # home), the pilot starts in /, never in a directory it would expose.
             "--chdir=/",
-            f"--output={self.output_dir or '/dev/null'}/%x-%j.out" if self.output_dir
+            f"--output={self.output_dir}/%x-{self.name}-%j.out" if self.output_dir
             else "--output=/dev/null",
         ]
         if self.partition:

@@ -68,6 +68,12 @@ def test_sbatch_argv_carries_the_shape_and_never_a_shell_string() -> None:
     assert {"--cpus-per-task=2", "--mem=3000M", "--time=61", "--signal=B:TERM@120",
             "--no-requeue", "--chdir=/",
             "--partition=main", "--account=acc", "--job-name=htcpilot-t"} <= set(argv)
+    assert "--output=/dev/null" in argv
+    # sites that share a log directory (the testbed's) get a file each for one job id
+    b.output_dir = "/var/log/pilots"
+    argv = b.sbatch_argv(PilotRequest(cpus=2, memory_mb=3000, walltime_s=3601,
+                                      shutdown_margin_s=120, script="#!/bin/bash\n"))
+    assert "--output=/var/log/pilots/%x-gsi-%j.out" in argv
 
 
 def test_queue_view_groups_idle_jobs_and_names_busy_startds() -> None:
