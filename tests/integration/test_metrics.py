@@ -125,6 +125,11 @@ def test_metrics_in_prometheus_and_a_report_with_a_known_answer(tmp_path: Path) 
         assert (source, reason) == ("record", "released"), (ends, record)
         assert (record["job_id"], record["site"], record["cores"]) == (job_id, "gsi", cores)
         assert abs(end_at - record["end"]) < 0.01, (ends, record)
+        # the pilot's slot was matchable at once: no start-up benchmarks (RUNBENCHMARKS)
+        logs = list(END_RECORDS.parent.glob(f"pilot-gsi-{job_id}@*/StartLog"))
+        assert len(logs) == 1, logs
+        text = logs[0].read_text()
+        assert "Changing state: Owner -> Unclaimed" in text and "BENCHMARK" not in text, text
     # E2: the CPU time HTCondor measured over the wall time it measured. The jobs
     # spin, but share this machine's cores with the testbed: well above idle.
     e2 = [float(r["e2_cpu"]) for r in rows if r["e2_cpu"]]
