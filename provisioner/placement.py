@@ -129,15 +129,19 @@ def _waste(k: int, per_pilot: int, fill: int) -> int:
 
 
 def whole_pilots(split: Sequence[int], capacity: Sequence[int], per_pilot: Sequence[int],
-                 fill: Sequence[int]) -> list[int]:
+                 fill: Sequence[int], prefer: Sequence[tuple[float, ...]] | None = None
+                 ) -> list[int]:
     """`split` (from `shares`) moved until no new pilot is left part-empty that a move
     could fill: a site whose smallest pilot is a whole node (`fill` jobs' worth) would
     otherwise get a remainder of a few jobs and a node for them. A move either takes a
     site's remainder elsewhere or fills a site's last pilot from another site, within
-    `capacity`; the move that saves the most empty slots goes first, then the smaller
-    move (the split stays as even as it can). Sums to sum(split)."""
+    `capacity`; the move that saves the most empty slots goes first, then the one
+    towards the site `prefer` ranks first (lower is better: the weighted lead, then the
+    load), then the smaller move (the split stays as even as it can). Sums to
+    sum(split)."""
     out = list(split)
     n = len(out)
+    rank = list(prefer) if prefer is not None else [()] * n
 
     def total() -> int:
         return sum(_waste(out[i], per_pilot[i], fill[i]) for i in range(n))
@@ -146,7 +150,7 @@ def whole_pilots(split: Sequence[int], capacity: Sequence[int], per_pilot: Seque
         now = total()
         if now == 0:
             break
-        best: tuple[int, int, int, int] | None = None  # (-saved, moved, i, j)
+        best: tuple[int, tuple[float, ...], int, int, int] | None = None
         for i in range(n):
             for j in range(n):
                 if i == j or out[i] == 0:
@@ -162,11 +166,12 @@ def whole_pilots(split: Sequence[int], capacity: Sequence[int], per_pilot: Seque
                     saved = now - total()
                     out[i] += d
                     out[j] -= d
-                    if saved > 0 and (best is None or (-saved, d) < best[:2]):
-                        best = (-saved, d, i, j)
+                    key = (-saved, rank[j], d, i, j)
+                    if saved > 0 and (best is None or key < best):
+                        best = key
         if best is None:
             break
-        _s, d, i, j = best
+        _s, _r, d, i, j = best
         out[i] -= d
         out[j] += d
     return out

@@ -224,7 +224,8 @@ def fill_new(rows: Iterable[Row], sites: dict[str, SiteRow], global_left: int,
             if len(tier) > 1:
                 split = whole_pilots(split, capacity,
                                      [_per_pilot(sites[name], row) for name in tier],
-                                     [-(-min_cpus[name] // row.item.cpus) for name in tier])
+                                     [-(-min_cpus[name] // row.item.cpus) for name in tier],
+                                     [(costs[name], load[k]) for k, name in enumerate(tier)])
             for name, n in zip(tier, split, strict=True):
                 _place(sites[name], row, n, left)
             for name in tier:

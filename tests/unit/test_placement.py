@@ -49,6 +49,9 @@ def test_a_whole_node_site_gets_no_remainder_it_would_need_a_node_for() -> None:
     # 4 jobs per pilot at both; the second site gives whole nodes only
     assert whole_pilots([3, 5], [4, 8], [4, 4], [1, 4]) == [4, 4]
     assert sorted(whole_pilots([1, 3], [4, 8], [4, 4], [1, 4])) == [0, 4]
+    # the remainder goes to the site ranked first (weighted lead, then load)
+    assert whole_pilots([1, 3], [4, 8], [4, 4], [1, 4], [(1.0, 0.0), (1.25, 0.0)]) == [4, 0]
+    assert whole_pilots([1, 3], [4, 8], [4, 4], [1, 4], [(1.25, 0.0), (1.0, 0.0)]) == [0, 4]
     assert whole_pilots([1, 4], [4, 8], [4, 4], [1, 4]) == [1, 4]  # nothing to save
     assert whole_pilots([7, 6], [40, 40], [4, 4], [4, 4]) == [7, 6]  # 13: 3 empty anyway
     assert whole_pilots([2, 2], [2, 8], [4, 4], [4, 4]) == [0, 4]  # the capacity holds
@@ -83,6 +86,12 @@ def test_equal_sites_one_of_whole_nodes_get_no_part_empty_node() -> None:
         placed = new_jobs(result, "gsi") + new_jobs(result, "frankfurt")
         assert placed == n
         assert submitted_cpus(result) == n, (n, result.actions)  # no core left empty
+    # equal but for the weight: 4 jobs go whole to the preferred site
+    cfg = config(site("gsi", cpus=4, min_cpus=1, max_pilots=1, max_pending=1, max_submit=1),
+                 site("frankfurt", cpus=4, min_cpus=4, max_pilots=2, max_pending=2,
+                      max_submit=2, weight=0.9), max_submit=10)
+    result = plan(snap([(ONE, 4)], sites=("gsi", "frankfurt")), cfg, NOW)
+    assert (new_jobs(result, "gsi"), new_jobs(result, "frankfurt")) == (4, 0)
 
 
 def test_the_learnt_quicker_site_takes_the_demand_and_weight_scales() -> None:
