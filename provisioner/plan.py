@@ -221,10 +221,10 @@ def fill_new(rows: Iterable[Row], sites: dict[str, SiteRow], global_left: int,
             capacity = [_takes(sites[name], row, left[0]) for name in tier]
             load = [sites[name].load() for name in tier]
             split = shares(row.left, capacity, load)
-            if len(tier) > 1:
+            fill = [-(-min_cpus[name] // row.item.cpus) for name in tier]
+            if len(tier) > 1 and max(fill) > 1:  # else no new pilot is ever part-empty
                 split = whole_pilots(split, capacity,
-                                     [_per_pilot(sites[name], row) for name in tier],
-                                     [-(-min_cpus[name] // row.item.cpus) for name in tier],
+                                     [_per_pilot(sites[name], row) for name in tier], fill,
                                      [(costs[name], load[k]) for k, name in enumerate(tier)])
             for name, n in zip(tier, split, strict=True):
                 _place(sites[name], row, n, left)
