@@ -218,13 +218,14 @@ def fill_new(rows: Iterable[Row], sites: dict[str, SiteRow], global_left: int,
         for tier in ranked(row, costs, min_cpus, tie_share):
             if row.left == 0:
                 break
-            capacity = [_takes(sites[name], row, left[0]) for name in tier]
+            per = [_per_pilot(sites[name], row) for name in tier]
+            capacity = [_pilots_left(sites[name], left[0]) * k
+                        for name, k in zip(tier, per, strict=True)]
             load = [sites[name].load() for name in tier]
             split = shares(row.left, capacity, load)
             fill = [-(-min_cpus[name] // row.item.cpus) for name in tier]
             if len(tier) > 1 and max(fill) > 1:  # else no new pilot is ever part-empty
-                split = whole_pilots(split, capacity,
-                                     [_per_pilot(sites[name], row) for name in tier], fill,
+                split = whole_pilots(split, capacity, per, fill,
                                      [(costs[name], load[k]) for k, name in enumerate(tier)])
             for name, n in zip(tier, split, strict=True):
                 _place(sites[name], row, n, left)
@@ -239,12 +240,11 @@ def _per_pilot(s: SiteRow, row: Row) -> int:
     return row.item.per_bin(min(p.cpus, max(p.pack_cpus, row.item.cpus)), p.memory_mb, p.gpus)
 
 
-def _takes(s: SiteRow, row: Row, global_left: int) -> int:
-    """How many of the row's jobs new pilots at `s` could still take (open pilots aside)."""
+def _pilots_left(s: SiteRow, global_left: int) -> int:
+    """How many new pilots `s` could still open (open pilots aside)."""
     new = s.new
     assert new is not None
-    pilots = max(0, min(new.allowed, new.opened + global_left) - new.opened)
-    return pilots * _per_pilot(s, row)
+    return max(0, min(new.allowed, new.opened + global_left) - new.opened)
 
 
 def _place(s: SiteRow, row: Row, n: int, global_left: list[int]) -> None:
