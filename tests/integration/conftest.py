@@ -6,9 +6,12 @@ testbed they fail at once with the command to use: they never skip.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pwd
+import signal
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -48,6 +51,37 @@ LOGIN = {site: next(h for h, (_, s, role) in HOSTS.items() if s == site and
                     role.startswith("login")) for site in SITES}
 WORKERS = {site: [h for h, (_, s, role) in HOSTS.items() if s == site and
                   role.startswith("worker")] for site in SITES}
+
+
+def _pilot_processes(host: str) -> Iterator[int]:
+    """Pids of the pilot account's processes on `host` (found by its network
+    namespace): wrappers, containers, startds, starters and payloads."""
+    want = os.stat(f"/run/netns/{host}")
+    uid = pwd.getpwnam("pilot").pw_uid
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ns = os.stat(entry / "ns" / "net")
+            owner = entry.stat().st_uid
+        except OSError:
+            continue
+        if (ns.st_dev, ns.st_ino) == (want.st_dev, want.st_ino) and owner == uid:
+            yield int(entry.name)
+
+
+def pilot_process_count(host: str) -> int:
+    return sum(1 for _ in _pilot_processes(host))
+
+
+def kill_pilot_processes(host: str) -> int:
+    """kill -9 every process of the pilot account on `host`; how many there were."""
+    killed = 0
+    for pid in _pilot_processes(host):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+            killed += 1
+    return killed
 
 
 def run(

@@ -10,15 +10,12 @@ says what happened.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import htcondor2 as htcondor
 import pytest
-from conftest import LOGIN, SITES, run, slurm
+from conftest import LOGIN, SITES, WORKERS, kill_pilot_processes, pilot_process_count, run, slurm
 from servicectl import (
     Service,
     SiteWatch,
@@ -28,7 +25,15 @@ from servicectl import (
     service_dir,
     write_config,
 )
-from test_loop import ALICE, clean_pool, jobs_left, submit, submit_script, wait_for
+from test_loop import (
+    ALICE,
+    clean_pool,
+    jobs_left,
+    pilot_ad_ages,
+    submit,
+    submit_script,
+    wait_for,
+)
 
 #: Caps of the testbed configuration (deploy/testbed/provisioner.yaml).
 CAPS = {"gsi": 1, "frankfurt": 2}
@@ -66,7 +71,13 @@ def assert_converged(svc: Service, watch: SiteWatch) -> None:
              step=2)
     # A pilot that SLURM killed without warning (a lost node once back) leaves its
     # ad behind: it goes after the collector's ad lifetime plus up to one sweep.
-    wait_for("no pilot left in the collector", lambda: not pilot_ads(), 300, step=2)
+    try:
+        wait_for("no pilot left in the collector", lambda: not pilot_ads(), 300, step=2)
+    except AssertionError as exc:  # say whether an orphan still runs or an ad is stale
+        raise AssertionError(f"{exc}; pilot ads, seconds since last heard: "
+                             f"{pilot_ad_ages()}; pilot processes per worker: "
+                             f"{ {h: pilot_process_count(h) for s in SITES for h in WORKERS[s]} }"
+                             ) from None
     for site in SITES:
         assert watch.most[site] <= CAPS[site], (site, watch.most, svc.text())
 
@@ -197,26 +208,6 @@ def test_login_node_unreachable_then_back(service: Service) -> None:
     assert_completed("login-second", 4)
 
 
-def _kill_pilot_processes(host: str) -> int:
-    """kill -9 every process of the pilot account on `host` (its network
-    namespace): wrappers, containers, startds, starters and payloads."""
-    want = os.stat(f"/run/netns/{host}")
-    killed = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ns = os.stat(entry / "ns" / "net")
-            owner = entry.stat().st_uid
-        except OSError:
-            continue
-        if (ns.st_dev, ns.st_ino) == (want.st_dev, want.st_ino) and owner == 2002:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(entry.name), signal.SIGKILL)
-                killed += 1
-    return killed
-
-
 def _running_on(cluster: str) -> list[str]:
     """Startd names ("pilot-<site>-<job>@<host>") running the cluster's jobs."""
     ads = htcondor.Schedd().query(constraint=f"ClusterId == {cluster} && JobStatus == 2",
@@ -231,7 +222,7 @@ def test_pilot_killed_under_a_running_job(service: Service) -> None:
         startd = wait_for("a job running", lambda: _running_on(cluster), 120)[0]  # type: ignore[index]
         name, host = startd.split("@")
         key = "/".join(name.removeprefix("pilot-").rsplit("-", 1))
-        assert _kill_pilot_processes(host) > 0
+        assert kill_pilot_processes(host) > 0
         # SLURM and the collector disagree (ad without job); the service says so,
         # the job goes back to idle (its lease) and is provisioned for again.
         wait_for("the disagreement logged",
