@@ -37,7 +37,7 @@ from provisioner.campaign.aggregate import (
     parse_client_csv,
     summarize,
 )
-from provisioner.campaign.spec import CampaignError, parse_campaign
+from provisioner.campaign.spec import Campaign, CampaignError, parse_campaign
 
 log = logging.getLogger(__name__)
 
@@ -126,16 +126,56 @@ def read_steps(out: Path) -> list[Step]:
     return steps
 
 
-def roles(out: Path) -> tuple[str | None, set[str]]:
-    """(the reference scenario, the warm scenarios) of the campaign copy in `out`;
-    (None, set()) without a copy or if it no longer validates."""
+def clients_text(n: int) -> str:
+    return f"{n} client{'s' if n != 1 else ''}"
+
+
+def campaign_copy(out: Path) -> Campaign | None:
+    """The campaign as it ran, from its copy in `out`; None without a copy or if it no
+    longer validates."""
     try:
-        campaign = parse_campaign((out / SPEC_COPY).read_text(), str(out / SPEC_COPY))
+        return parse_campaign((out / SPEC_COPY).read_text(), str(out / SPEC_COPY))
     except (OSError, CampaignError):
+        return None
+
+
+def roles(campaign: Campaign | None) -> tuple[str | None, set[str]]:
+    """(the reference scenario, the warm scenarios) of `campaign`."""
+    if campaign is None:
         return None, set()
     reference = campaign.reference()
     return (reference.name if reference else None,
             {s.name for s in campaign.scenarios if s.warm})
+
+
+def completeness(out: Path, campaign: Campaign | None) -> list[str]:
+    """Why the results in `out` are partial, one line each (none if the campaign ran every
+    step): a step interrupted, a step with results but no record of its end (the run was
+    killed), steps never run (after a failure or an interruption)."""
+    if campaign is None:
+        return []
+    lines, not_run = [], []
+    for scenario, counts in campaign.steps():
+        for n in counts:
+            directory = out / scenario / str(n)
+            status = ""
+            if (directory / STEP_FILE).is_file():
+                try:
+                    status = str(json.loads((directory / STEP_FILE).read_text())
+                                 .get("status", ""))
+                except (OSError, ValueError, AttributeError):
+                    status = "unreadable"
+            if status == "interrupted":
+                lines.append(f"scenario {scenario}, {clients_text(n)}: interrupted; its rows are "
+                             "what the clients sent before")
+            elif not status and directory.is_dir():
+                lines.append(f"scenario {scenario}, {clients_text(n)}: started, never recorded as "
+                             "finished (the run was stopped)")
+            elif not status:
+                not_run.append(f"{scenario} with {clients_text(n)}")
+    if not_run:
+        lines.append(f"not run: {', '.join(not_run)}")
+    return lines
 
 
 @dataclass(frozen=True)
@@ -220,9 +260,14 @@ def ratio_lines(reference: str, rows: list[Ratio]) -> list[str]:
 
 
 def markdown(name: str, table: list[StepSummary], plots: list[Path], plot_note: str,
-             reference: str | None = None, warm: Collection[str] = ()) -> str:
+             reference: str | None = None, warm: Collection[str] = (),
+             partial: Collection[str] = ()) -> str:
     fio = any(t.fio_gbit_s is not None for t in table)
-    lines = [f"# Campaign {name}", "",
+    lines = [f"# Campaign {name}", ""]
+    if partial:
+        lines += ["**Partial report: the campaign did not run to its end.**", "",
+                  *(f"- {p}" for p in partial), ""]
+    lines += [
              "Aggregate throughput: the clients' bytes summed per wall-clock second over "
              "every second from the first client's first read to the last client's last "
              "(idle seconds count as 0); mean = total bytes / those seconds.", ""]
@@ -317,6 +362,8 @@ def render(out: Path, name: str | None = None) -> list[Path]:
             name = str(yaml.safe_load((out / SPEC_COPY).read_text())["name"])
         except (OSError, yaml.YAMLError, KeyError, TypeError):
             name = out.name
-    reference, warm = roles(out)
-    (out / "report.md").write_text(markdown(name, table, plots, note, reference, warm))
+    campaign = campaign_copy(out)
+    reference, warm = roles(campaign)
+    (out / "report.md").write_text(markdown(name, table, plots, note, reference, warm,
+                                            completeness(out, campaign)))
     return [out / "results.csv", out / "summary.csv", out / "report.md", *plots]

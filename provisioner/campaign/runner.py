@@ -166,10 +166,6 @@ def _tail(text: str, lines: int = 5) -> str:
     return " | ".join(flagged or kept[-lines:])
 
 
-def _plural(n: int) -> str:
-    return f"{n} client{'s' if n != 1 else ''}"
-
-
 def csv_bytes(directory: Path) -> int:
     """Bytes in the clients' CSVs that came back so far."""
     total = 0
@@ -208,31 +204,47 @@ class Runner:
         self.out.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(self.file, self.out / report.SPEC_COPY)
         code = 0
+        current: tuple[str, int] | None = None
         try:
             self.prepare()
-            for scenario, counts in self.steps():
+            for scenario, counts in self.c.steps():
                 for n in counts:
+                    current = (scenario, n)
                     try:
                         self.step(scenario, n)
                     except StepFailed as exc:
                         self.record(scenario, n, error=str(exc), failed_clients=exc.clients)
                         raise
+                    current = None
         except StepFailed as exc:
             self.echo(f"campaign {self.c.name}: FAILED: {exc}")
             self.remove_all("campaign failed")
             code = 1
-        except BaseException:  # interrupted: leave nothing of ours in the queue
+        except BaseException as exc:  # interrupted: leave nothing of ours in the queue
             self.remove_all("campaign interrupted")
+            self.interrupted(current, exc)
             raise
         written = report.render(self.out, self.c.name)
         self.echo(f"campaign {self.c.name}: {'failed' if code else 'done'}; report "
                   f"{self.out / 'report.md'} ({len(written)} files)")
         return code
 
-    def steps(self) -> list[tuple[str, list[int]]]:
-        if self.c.kind == "fio" and self.c.fio:
-            return [(self.c.fio.scenario, self.c.fio.nodes)]
-        return [(s.name, self.c.clients) for s in self.c.scenarios]
+    def interrupted(self, current: tuple[str, int] | None, exc: BaseException) -> None:
+        """The step that was running is recorded as interrupted, and the report of what
+        finished is written: it says it is partial (report.completeness)."""
+        why = "Ctrl-C" if isinstance(exc, KeyboardInterrupt) else type(exc).__name__
+        if current is not None:
+            scenario, n = current
+            self.record(scenario, n, error=f"scenario {scenario}, {report.clients_text(n)}: "
+                        f"interrupted ({why}) before the step finished; its jobs were removed",
+                        status="interrupted")
+        try:
+            report.render(self.out, self.c.name)
+        except Exception as err:  # the interruption is what the user must see
+            self.echo(f"campaign {self.c.name}: interrupted; no partial report: {err}")
+            return
+        self.echo(f"campaign {self.c.name}: interrupted ({why}); partial report "
+                  f"{self.out / 'report.md'}")
 
     def values(self, scenario: str = "", clients: int = 0, site: str = "") -> dict[str, str]:
         f = self.c.files
@@ -261,7 +273,7 @@ class Runner:
 
     # -- one step ---------------------------------------------------------------------
     def step(self, scenario: str, n: int) -> None:
-        label = f"scenario {scenario}, {_plural(n)}"
+        label = f"scenario {scenario}, {report.clients_text(n)}"
         directory = self.out / scenario / str(n)
         if directory.exists():
             shutil.rmtree(directory)
@@ -387,11 +399,12 @@ class Runner:
             self.sleep(POLL_S)
 
     def record(self, scenario: str, n: int, error: str = "", hit_ratio: float | None = None,
-               failed_clients: list[int] | None = None) -> None:
+               failed_clients: list[int] | None = None, status: str = "") -> None:
         directory = self.out / scenario / str(n)
         directory.mkdir(parents=True, exist_ok=True)
         (directory / report.STEP_FILE).write_text(json.dumps({
-            "scenario": scenario, "clients": n, "status": "failed" if error else "ok",
+            "scenario": scenario, "clients": n,
+            "status": status or ("failed" if error else "ok"),
             "error": error, "hit_ratio": hit_ratio, "failed_clients": failed_clients or [],
             "clusters": self.clusters}, indent=1) + "\n")
 

@@ -273,6 +273,12 @@ class Campaign(_Model):
         return [s.name for s in self.scenarios] if self.kind == "read" else [
             self.fio.scenario if self.fio else "fio"]
 
+    def steps(self) -> list[tuple[str, list[int]]]:
+        """The steps in the order they run: each scenario with its client (node) counts."""
+        if self.kind == "fio" and self.fio:
+            return [(self.fio.scenario, self.fio.nodes)]
+        return [(s.name, self.clients) for s in self.scenarios]
+
 
 def _line(root: yaml.Node | None, loc: tuple[int | str, ...]) -> int | None:
     """1-based line of the node at `loc` (or of its deepest existing parent)."""

@@ -24,7 +24,15 @@ from provisioner.campaign.aggregate import (
     summarize,
 )
 from provisioner.campaign.fioclient import read_netdev
-from provisioner.campaign.report import HIT_GOAL, markdown, ratios, render, roles
+from provisioner.campaign.report import (
+    HIT_GOAL,
+    campaign_copy,
+    completeness,
+    markdown,
+    ratios,
+    render,
+    roles,
+)
 from provisioner.campaign.runner import CondorPool, Event, Runner, fold_events, submit_file
 from provisioner.campaign.spec import (
     CampaignError,
@@ -330,18 +338,18 @@ def test_ratios_divide_by_the_local_reference_at_the_same_client_count() -> None
 def test_report_takes_the_reference_and_warm_scenarios_from_the_campaign_copy(
         tmp_path: Path) -> None:
     synthetic(tmp_path)
-    assert roles(tmp_path) == (None, set())
+    assert roles(campaign_copy(tmp_path)) == (None, set())
     (tmp_path / "campaign.yaml").write_text(
         GOOD.replace("setup: [[cache-mode, xcache]]", "setup: [[cache-mode, xcache]]\n"
                      "    warm: true").replace("name: no-cache", "name: no-cache\n"
                                              "    reference: local"))
-    assert roles(tmp_path) == ("no-cache", {"xcache"})
+    assert roles(campaign_copy(tmp_path)) == ("no-cache", {"xcache"})
     render(tmp_path)
     md = (tmp_path / "report.md").read_text()
     assert "| xcache | 1 | hit / direct local |" in md
     assert "| xcache | 2 | hit / direct local | " in md  # no-cache failed with 2 clients
     (tmp_path / "campaign.yaml").write_text("name: [not, valid]\n")
-    assert roles(tmp_path) == (None, set())
+    assert roles(campaign_copy(tmp_path)) == (None, set())
 
 
 # -- the runner against a recording pool ---------------------------------------------------
@@ -424,6 +432,51 @@ def test_runner_submits_each_step_and_renders(tmp_path: Path) -> None:
     out = tmp_path / "out"
     assert (out / "report.md").exists() and (out / "scaling.png").exists()
     assert json.loads((out / "xcache" / "2" / "step.json").read_text())["status"] == "ok"
+    assert "Partial report" not in (out / "report.md").read_text()
+
+
+def test_interrupted_campaign_removes_its_jobs_and_leaves_a_partial_report(
+        tmp_path: Path) -> None:
+    pool = RecordingPool(stuck={"no-cache/1"})
+    runner, lines, _ = make_runner(tmp_path, pool)
+    waits = []
+
+    def ctrl_c(seconds: float) -> None:  # Ctrl-C while the stuck step waits
+        waits.append(seconds)
+        if len(waits) > 2:
+            raise KeyboardInterrupt
+
+    runner.sleep = ctrl_c
+    with pytest.raises(KeyboardInterrupt):
+        runner.run()
+    assert pool.removed == [101, 102, 103]  # every cluster of the campaign
+    out = tmp_path / "out"
+    step = json.loads((out / "no-cache" / "1" / "step.json").read_text())
+    assert step["status"] == "interrupted" and "Ctrl-C" in step["error"]
+    md = (out / "report.md").read_text()
+    head, table = md.split("Aggregate throughput", 1)
+    assert "**Partial report: the campaign did not run to its end.**" in head
+    assert "- scenario no-cache, 1 client: interrupted" in head
+    assert "- not run: no-cache with 2 clients" in head
+    assert "| xcache | 1 |" in table and "| xcache | 2 |" in table  # what finished stays
+    assert "interrupted (Ctrl-C) before the step finished" in md.split("## Failures")[1]
+    assert any("partial report" in line for line in lines)
+
+
+def test_completeness_names_steps_never_recorded_and_never_run(tmp_path: Path) -> None:
+    (tmp_path / "campaign.yaml").write_text(GOOD)
+    campaign = campaign_copy(tmp_path)
+    for scenario, n in (("xcache", 1), ("xcache", 2)):
+        (tmp_path / scenario / str(n)).mkdir(parents=True)
+    (tmp_path / "xcache" / "1" / "step.json").write_text('{"status": "ok"}')
+    assert completeness(tmp_path, campaign) == [
+        "scenario xcache, 2 clients: started, never recorded as finished (the run was "
+        "stopped)", "not run: no-cache with 1 client, no-cache with 2 clients"]
+    for scenario, n in (("xcache", 2), ("no-cache", 1), ("no-cache", 2)):
+        (tmp_path / scenario / str(n)).mkdir(parents=True, exist_ok=True)
+        (tmp_path / scenario / str(n) / "step.json").write_text('{"status": "failed"}')
+    assert completeness(tmp_path, campaign) == []
+    assert completeness(tmp_path, None) == []
 
 
 def test_the_local_reference_reads_its_file_urls(tmp_path: Path) -> None:
@@ -481,7 +534,7 @@ def test_a_fio_client_asks_for_a_whole_pilot_and_ships_its_jobfile(tmp_path: Pat
     assert desc["transfer_input_files"].endswith("deploy/testbed/campaigns/seq-read.fio")
     assert desc["arguments"] == "seq-read.fio --json fio.json --netdev netdev.csv"
     assert desc["requirements"] == 'PilotSite == "frankfurt"'
-    assert runner.steps() == [("seq-read", [1, 2])]
+    assert runner.c.steps() == [("seq-read", [1, 2])]
 
 
 def test_the_fio_client_samples_the_network_while_fio_runs(tmp_path: Path) -> None:
