@@ -67,7 +67,7 @@ def self_test(execute: Execute, image: str, apptainer: str = APPTAINER,
     return ContainerSupport(True, f"apptainer exec of {image}: {seconds:.1f} s", seconds)
 
 
-def _classad_string(value: str) -> str:
+def config_string(value: str) -> str:
     """A ClassAd string literal safe as an HTCondor config value: one line, and no
     ``$`` (the config language would expand ``$(...)``)."""
     value = "".join(c if c.isprintable() and c != "$" else " " for c in value)
@@ -82,7 +82,7 @@ def container_config(support: ContainerSupport, payload_image: str = "",
     image, jobs that name no image run in it (``SINGULARITY_JOB`` for all). Failed:
     ``SINGULARITY`` is empty, so the startd advertises no container support. Either
     way the outcome is in the pilot's ad (``PilotContainerTest``)."""
-    settings = {"PilotContainerTest": _classad_string(("ok: " if support.ok else "failed: ")
+    settings = {"PilotContainerTest": config_string(("ok: " if support.ok else "failed: ")
                                                       + support.detail),
                 "STARTD_ATTRS": "$(STARTD_ATTRS) PilotContainerTest"}
     if not support.ok:
@@ -92,5 +92,5 @@ def container_config(support: ContainerSupport, payload_image: str = "",
         settings["SINGULARITY_JOB"] = "true"
         settings["SINGULARITY_IMAGE_EXPR"] = (
             f"ifThenElse(isUndefined(TARGET.SingularityImage), "
-            f"{_classad_string(payload_image)}, TARGET.SingularityImage)")
+            f"{config_string(payload_image)}, TARGET.SingularityImage)")
     return settings

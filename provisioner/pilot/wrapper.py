@@ -36,6 +36,7 @@ from provisioner.pilot import endrecord, testcache
 from provisioner.pilot.containers import (
     LOADER_VARIABLES,
     ContainerSupport,
+    config_string,
     container_config,
     self_test,
     self_test_argv,
@@ -145,10 +146,6 @@ def params_from_env(env: dict[str, str], now: float) -> PilotParams:
     )
 
 
-def _classad_string(value: str) -> str:
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
 def local_config(p: PilotParams, workdir: Path) -> str:
     """The HTCondor settings of this one pilot (appended after pilot.conf)."""
     host = p.collector.rsplit(":", 1)[0]
@@ -177,18 +174,18 @@ def local_config(p: PilotParams, workdir: Path) -> str:
         "MEMORY": str(p.memory_mb),
         "PILOT_SHUTDOWN_MARGIN": str(p.shutdown_margin_s),
         "PILOT_NOCLAIM_SHUTDOWN": str(p.noclaim_shutdown_s),
-        "PilotSite": _classad_string(p.site),
-        "PilotSlurmJobId": _classad_string(p.job_id),
-        "PilotProvisionerId": _classad_string(p.provisioner_id),
+        "PilotSite": config_string(p.site),
+        "PilotSlurmJobId": config_string(p.job_id),
+        "PilotProvisionerId": config_string(p.provisioner_id),
         "PilotWalltimeEnd": str(p.walltime_end),
     }
     if p.xcache:
         # Every job reads root:// URLs through the site's cache (the XRootD client
         # proxy plugin), and so does HTCondor's own transfer of root:// input files.
-        lines["PilotXCache"] = _classad_string(p.xcache)
+        lines["PilotXCache"] = config_string(p.xcache)
         lines["STARTD_ATTRS"] = "$(STARTD_ATTRS) PilotXCache"
         env = proxy_environment(p.xcache, p.xcache_exclude)
-        lines["STARTER_JOB_ENVIRONMENT"] = _classad_string(
+        lines["STARTER_JOB_ENVIRONMENT"] = config_string(
             " ".join(f"{k}={v}" for k, v in env.items()))
     # root:// input files: xrdcp, through the cache where the site has one.
     lines["FILETRANSFER_PLUGINS"] = f"$(FILETRANSFER_PLUGINS) {workdir / TRANSFER_PLUGIN}"

@@ -11,6 +11,7 @@ from provisioner.config import parse_config
 from provisioner.pilot.containers import (
     LOADER_VARIABLES,
     ContainerSupport,
+    config_string,
     container_config,
     self_test,
 )
@@ -77,3 +78,9 @@ def test_settings_after_a_failed_test_switch_containers_off_and_stay_one_line() 
     value = bad["PilotContainerTest"]
     assert "\n" not in value and "$" not in value and value.startswith('"failed: FATAL')
     assert value == '"failed: FATAL \\"x\\"  (EVIL) line\\\\2"'
+
+
+def test_config_strings_cannot_expand_or_break_the_pilot_config() -> None:
+    # $(...) would be expanded by HTCondor's config language; a newline would start a
+    # new setting; quotes and backslashes are escaped for the ClassAd string.
+    assert config_string('a$(LIB)"b\\c\nSTART = True') == '"a (LIB)\\"b\\\\c START = True"'
