@@ -52,6 +52,11 @@ def table(rows: Sequence[SiteDay]) -> str:
     body = [values(r) for r in rows]
     for tot in totals(rows).values():
         body.append(values(tot))
+    return aligned(head, body)
+
+
+def aligned(head: list[str], body: list[list[str]]) -> str:
+    """A text table: the first two columns left-aligned, the others right-aligned."""
     widths = [max(len(c[i]) for c in [head, *body]) for i in range(len(head))]
     lines = ["  ".join(c.rjust(w) if i > 1 else c.ljust(w) for i, (c, w) in
                        enumerate(zip(row, widths, strict=True))) for row in [head, *body]]
@@ -69,6 +74,31 @@ def write_csv(rows: Sequence[SiteDay], path: Path) -> None:
                         "" if r.e1 is None else f"{r.e1:.4f}",
                         "" if r.e2 is None else f"{r.e2:.4f}",
                         "" if r.total is None else f"{r.total:.4f}"])
+
+
+#: How a pilot that left no end record ended, by what the journal saw.
+NO_RECORD = "no end record (left squeue)"
+NEVER_STARTED = "cancelled while pending"
+
+
+def ends(pilots: Sequence[PilotRecord]) -> list[tuple[str, str, int, float]]:
+    """PURE: the pilots that ended, per site and reason (the pilot's own end record,
+    else what the journal saw): (site, reason, pilots, allocated core-hours)."""
+    out: dict[tuple[str, str], list[float]] = {}
+    for p in pilots:
+        if p.end_at is None:
+            continue
+        reason = p.end_reason or (NEVER_STARTED if p.start_at is None else NO_RECORD)
+        held = 0.0 if p.start_at is None else max(0.0, p.end_at - p.start_at) * p.cores / 3600
+        row = out.setdefault((p.site, reason), [0, 0.0])
+        row[0] += 1
+        row[1] += held
+    return [(site, reason, int(n), hours) for (site, reason), (n, hours) in sorted(out.items())]
+
+
+def ends_table(rows: Sequence[tuple[str, str, int, float]]) -> str:
+    return aligned(["site", "pilot end", "pilots", "alloc core-h"],
+                   [[site, reason, str(n), f"{hours:.2f}"] for site, reason, n, hours in rows])
 
 
 def compute(pilots: Sequence[PilotRecord], runs: Sequence[JobRun], now: float,
@@ -90,11 +120,17 @@ def report(journal_path: str, now: float, since: float | None = None,
     rows = compute(pilots, runs, now, since, site)
     if not rows:
         return NOTHING, []
+    ended = ends([p for p in pilots if site is None or p.site == site])
     written: list[Path] = []
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         write_csv(rows, out / "report.csv")
         written.append(out / "report.csv")
+        with (out / "ends.csv").open("w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["site", "end_reason", "pilots", "allocated_core_h"])
+            w.writerows([site_, reason, n, f"{hours:.4f}"] for site_, reason, n, hours in ended)
+        written.append(out / "ends.csv")
         try:
             from provisioner.plots import plot_cores, plot_idle
         except ImportError:  # matplotlib is optional (the `bench` extra)
@@ -102,4 +138,7 @@ def report(journal_path: str, now: float, since: float | None = None,
         else:
             written.append(plot_cores(pilots, runs, now, out / "cores.png"))
             written.append(plot_idle(rows, out / "idle.png"))
-    return table(rows), written
+    text = table(rows)
+    if ended:
+        text += "\n\n" + ends_table(ended)
+    return text, written

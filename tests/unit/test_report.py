@@ -10,11 +10,19 @@ from pathlib import Path
 import pytest
 
 from provisioner import cli
-from provisioner.accounting import DAY_S, JobRun
+from provisioner.accounting import DAY_S, JobRun, PilotRecord
 from provisioner.config import parse_config
 from provisioner.journal import Journal, SeenPilot
 from provisioner.model import Demand, JobShape, PilotState, SiteView, Snapshot
-from provisioner.report import NOTHING, ReportError, parse_since, report
+from provisioner.report import (
+    NEVER_STARTED,
+    NO_RECORD,
+    NOTHING,
+    ReportError,
+    ends,
+    parse_since,
+    report,
+)
 from provisioner.status import gather, render
 from tests.unit.helpers import pilot
 from tests.unit.test_service_act import CONFIG
@@ -60,6 +68,8 @@ def test_report_table_csv_and_plots(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert float(rows[0]["allocated_core_h"]) == 96 and float(rows[0]["claimed_core_h"]) == 2
     assert float(rows[1]["allocated_core_h"]) == 4
     assert (out / "cores.png").stat().st_size > 0 and (out / "idle.png").stat().st_size > 0
+    assert "pilot end" in text and NO_RECORD in text  # the pilot left squeue, no record
+    assert list(csv.reader((out / "ends.csv").open()))[1][:3] == ["gsi", NO_RECORD, "1"]
     text, _ = report(str(tmp_path / "j.sqlite"), T0 + 2 * DAY_S,
                      since=parse_since("2024-10-05"), site="gsi")
     assert "2024-10-04" not in text.split("total")[0] and "2024-10-05" in text
@@ -123,3 +133,15 @@ def test_the_cores_plot_samples_a_short_run_finely_and_a_long_one_coarsely() -> 
     assert plot_step(short, 100.0) == 1.0  # a one-minute run: every second
     assert plot_step(long, 3 * 86400.0) == 300.0
     assert plot_step([PilotRecord("gsi", "1", 4, 0.0, None, None)], 50.0) == 300.0
+
+
+def test_pilot_ends_per_site_and_reason() -> None:
+    rec = [PilotRecord("gsi", "1", 4, 0, 100, 3700, end_reason="released"),
+           PilotRecord("gsi", "2", 4, 0, 100, 1900, end_reason="released"),
+           PilotRecord("gsi", "3", 4, 0, 100, None),  # still running: not an end
+           PilotRecord("gsi", "4", 4, 0, None, 50),  # cancelled before it started
+           PilotRecord("fra", "5", 8, 0, 0, 3600, end_reason="walltime-drain"),
+           PilotRecord("fra", "6", 8, 0, 0, 1800)]
+    assert ends(rec) == [("fra", NO_RECORD, 1, 4.0), ("fra", "walltime-drain", 1, 8.0),
+                         ("gsi", NEVER_STARTED, 1, 0.0), ("gsi", "released", 2, 6.0)]
+    assert ends([]) == []
