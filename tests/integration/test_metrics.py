@@ -96,6 +96,8 @@ def test_metrics_in_prometheus_and_a_report_with_a_known_answer(tmp_path: Path) 
     assert "gsi" in text, text
     rows = list(csv.DictReader((out / "report.csv").open()))
     assert rows and {r["site"] for r in rows} == {"gsi"}
+    ended = {r["end_reason"]: int(r["pilots"]) for r in csv.DictReader((out / "ends.csv").open())}
+    assert "pilot end" in text and ended.get("released", 0) >= 1, (text, ended)
     claimed = sum(float(r["claimed_core_h"]) for r in rows) * 3600
     allocated = sum(float(r["allocated_core_h"]) for r in rows) * 3600
     # The known answer: 2 jobs x 1 core x 40 s of work, plus each job's start-up.
