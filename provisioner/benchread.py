@@ -237,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
                              "origin inside a cache URL; 'none': no comparison")
     parser.add_argument("--samples", type=int, default=4, help="blocks compared (default 4)")
     parser.add_argument("--csv", default=None,
-                        help="per-second records: url,second,blocks,bytes")
+                        help="per-second records: url,second,blocks,bytes,start,end (start "
+                             "and end: the URL's read, Unix time to the ms)")
     args = parser.parse_args(argv)
     try:
         block, stride = parse_size(args.block_size), parse_size(args.stride)
@@ -251,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
                          None if args.reference == "none" else args.reference)
             r = read_url(url, XRootDFile, block, stride, args.duration, max_bytes,
                          args.sha256, reference, args.samples)
-            rows.extend([url, *row] for row in r.per_second.rows())
+            rows.extend([url, *row, f"{r.started:.3f}", f"{r.ended:.3f}"]
+                        for row in r.per_second.rows())
             checked = "checked: " + ", ".join(r.verified) if r.verified else "not checked"
             print(f"{url}: {r.nbytes} bytes in {r.blocks} blocks, "
                   f"{r.ended - r.started:.2f} s, {r.rate_mib_s:.1f} MiB/s; {checked}",
@@ -263,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.csv:
             with open(args.csv, "w", newline="") as f:
                 writer = csv.writer(f)
-                writer.writerow(["url", "second", "blocks", "bytes"])
+                writer.writerow(["url", "second", "blocks", "bytes", "start", "end"])
                 writer.writerows(rows)
     return 0
 

@@ -6,7 +6,10 @@ any client read to the last second any client read; a second in which no client 
 counts as 0. So the series includes the ramp-up (clients starting one after another
 on their pilots) and the tail (the last client finishing alone), and the mean is
 total bytes over that whole span: the throughput the step delivered, not the peak
-with every client reading (that is closer to the max and the p50).
+with every client reading (that is closer to the max and the p50). Whole seconds are
+too coarse for reads of a few seconds (a 1.1 s read spans 2 of them: half the rate),
+so where the clients recorded their reads' start and end (to the ms), the mean is
+total bytes over the span from the first start to the last end instead.
 
 No I/O here: `report` reads the CSVs and writes the results.
 """
@@ -33,9 +36,31 @@ def client_series(rows: Iterable[tuple[int, int]]) -> dict[int, int]:
 
 
 def parse_client_csv(text: str) -> dict[int, int]:
-    """A `benchread.py --csv` file (url,second,blocks,bytes) -> bytes per second."""
+    """A `benchread.py --csv` file (url,second,blocks,bytes[,start,end]) -> bytes per
+    second."""
     reader = csv.DictReader(io.StringIO(text))
     return client_series((int(r["second"]), int(r["bytes"])) for r in reader)
+
+
+def parse_client_span(text: str) -> tuple[float, float] | None:
+    """The client's reads from the first start to the last end (Unix s), from the
+    start and end columns; None if the file has none (an older reader)."""
+    starts, ends = [], []
+    for r in csv.DictReader(io.StringIO(text)):
+        if not r.get("start") or not r.get("end"):
+            return None
+        starts.append(float(r["start"]))
+        ends.append(float(r["end"]))
+    return (min(starts), max(ends)) if starts else None
+
+
+def step_span(spans: Sequence[tuple[float, float] | None]) -> float | None:
+    """Seconds from the first client's start to the last one's end; None unless every
+    client recorded its span."""
+    known = [s for s in spans if s is not None]
+    if not spans or len(known) != len(spans):
+        return None
+    return max(e for _, e in known) - min(b for b, _ in known)
 
 
 def aggregate(clients: Sequence[Mapping[int, int]]) -> list[tuple[int, int]]:
@@ -78,6 +103,8 @@ class StepSummary:
     error: str = ""
     #: fio campaigns: the bandwidth fio itself reported, summed over the clients.
     fio_gbit_s: float | None = None
+    #: The clients' reads from the first start to the last end (None: not recorded).
+    span_s: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -86,13 +113,16 @@ class StepSummary:
 
 def summarize(scenario: str, clients: int, series: Sequence[tuple[int, int]],
               clients_ok: int, clients_failed: int, hit_ratio: float | None = None,
-              error: str = "", fio_gbit_s: float | None = None) -> StepSummary:
-    """Mean (total bytes over all seconds of the series), median and max Gbit/s."""
+              error: str = "", fio_gbit_s: float | None = None,
+              span_s: float | None = None) -> StepSummary:
+    """Mean (total bytes over the read span if known, else over all seconds of the
+    series), median and max Gbit/s (per whole second)."""
     rates = [b / GBIT for _, b in series]
     total = sum(b for _, b in series)
+    over = span_s if span_s and span_s > 0 else len(series)
     return StepSummary(
         scenario=scenario, clients=clients, seconds=len(series), total_bytes=total,
-        mean_gbit_s=total / GBIT / len(series) if series else 0.0,
+        mean_gbit_s=total / GBIT / over if series else 0.0, span_s=span_s,
         p50_gbit_s=percentile(rates, 0.5), max_gbit_s=max(rates, default=0.0),
         clients_ok=clients_ok, clients_failed=clients_failed, hit_ratio=hit_ratio,
         error=error, fio_gbit_s=fio_gbit_s)

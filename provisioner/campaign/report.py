@@ -35,6 +35,8 @@ from provisioner.campaign.aggregate import (
     fio_bandwidth,
     netdev_series,
     parse_client_csv,
+    parse_client_span,
+    step_span,
     summarize,
 )
 from provisioner.campaign.spec import Campaign, CampaignError, parse_campaign
@@ -54,6 +56,7 @@ class Step:
     scenario: str
     clients: int
     series: list[dict[int, int]] = field(default_factory=list)
+    spans: list[tuple[float, float] | None] = field(default_factory=list)
     ok: int = 0
     failed: int = 0
     error: str = ""
@@ -75,7 +78,9 @@ def read_step(directory: Path, scenario: str, clients: int) -> Step:
         if path.name.endswith(".netdev.csv"):
             continue
         if _client_index(path) not in failed:
-            step.series.append(parse_client_csv(path.read_text()))
+            text = path.read_text()
+            step.series.append(parse_client_csv(text))
+            step.spans.append(parse_client_span(text))
     fio = sorted(directory.glob("client-*.json"), key=_client_index)
     if fio:
         step.fio_bytes_s = 0
@@ -213,7 +218,8 @@ def ratios(table: list[StepSummary], reference: str, warm: Collection[str]) -> l
 
 def summaries(steps: list[Step]) -> list[StepSummary]:
     return [summarize(s.scenario, s.clients, aggregate(s.series), s.ok, s.failed, s.hit_ratio,
-                      s.error, None if s.fio_bytes_s is None else s.fio_bytes_s / GBIT)
+                      s.error, None if s.fio_bytes_s is None else s.fio_bytes_s / GBIT,
+                      step_span(s.spans))
             for s in steps]
 
 
@@ -232,11 +238,11 @@ def write_tables(out: Path, steps: list[Step], table: list[StepSummary]) -> None
                             f"{nbytes / GBIT:.6f}"])
     with (out / "summary.csv").open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["scenario", "clients", "seconds", "total_bytes", "mean_gbit_s",
-                    "p50_gbit_s", "max_gbit_s", "clients_ok", "clients_failed", "hit_ratio",
-                    "fio_gbit_s", "error"])
+        w.writerow(["scenario", "clients", "seconds", "read_span_s", "total_bytes",
+                    "mean_gbit_s", "p50_gbit_s", "max_gbit_s", "clients_ok", "clients_failed",
+                    "hit_ratio", "fio_gbit_s", "error"])
         for t in table:
-            w.writerow([t.scenario, t.clients, t.seconds, t.total_bytes,
+            w.writerow([t.scenario, t.clients, t.seconds, _fmt(t.span_s), t.total_bytes,
                         f"{t.mean_gbit_s:.6f}", f"{t.p50_gbit_s:.6f}", f"{t.max_gbit_s:.6f}",
                         t.clients_ok, t.clients_failed, _fmt(t.hit_ratio),
                         _fmt(t.fio_gbit_s, 6), t.error])
@@ -270,13 +276,16 @@ def markdown(name: str, table: list[StepSummary], plots: list[Path], plot_note: 
     lines += [
              "Aggregate throughput: the clients' bytes summed per wall-clock second over "
              "every second from the first client's first read to the last client's last "
-             "(idle seconds count as 0); mean = total bytes / those seconds.", ""]
-    head = ["scenario", "nodes" if fio else "clients", "seconds", "total MiB", "mean Gbit/s",
-            "p50 Gbit/s", "max Gbit/s", "ok", "failed", "hit ratio"]
+             "(idle seconds count as 0); p50 and max are of those seconds. Mean = total "
+             "bytes / the read span (first client's start to last client's end, to the "
+             "ms) where the clients recorded it, else / those seconds.", ""]
+    head = ["scenario", "nodes" if fio else "clients", "seconds", "read span s", "total MiB",
+            "mean Gbit/s", "p50 Gbit/s", "max Gbit/s", "ok", "failed", "hit ratio"]
     head += ["fio Gbit/s"] if fio else []
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for t in table:
-        row = [t.scenario, str(t.clients), str(t.seconds), f"{t.total_bytes / 2**20:.1f}",
+        row = [t.scenario, str(t.clients), str(t.seconds), _fmt(t.span_s, 2),
+               f"{t.total_bytes / 2**20:.1f}",
                _fmt(t.mean_gbit_s), _fmt(t.p50_gbit_s), _fmt(t.max_gbit_s),
                str(t.clients_ok), str(t.clients_failed), _fmt(t.hit_ratio, 2)]
         lines.append("| " + " | ".join(row + ([_fmt(t.fio_gbit_s)] if fio else [])) + " |")

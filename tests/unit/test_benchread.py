@@ -189,6 +189,8 @@ def check_main_on_a_local_url(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     rows = list(csv.DictReader(out.open()))
     assert sum(int(r["bytes"]) for r in rows) == 3 * 1024 * 1024 + 123
     assert {r["url"] for r in rows} == {url}
+    start, end = {(float(r["start"]), float(r["end"])) for r in rows}.pop()  # one per URL
+    assert 0 <= end - start < 60 and int(start) <= int(rows[0]["second"]) <= int(end)
     assert main([url, "--block-size", "1M", "--sha256", "0" * 64]) == 1
     assert "wrong bytes: SHA-256" in capsys.readouterr().err
 

@@ -20,7 +20,9 @@ from provisioner.campaign.aggregate import (
     fio_bandwidth,
     netdev_series,
     parse_client_csv,
+    parse_client_span,
     percentile,
+    step_span,
     summarize,
 )
 from provisioner.campaign.fioclient import read_netdev
@@ -220,6 +222,24 @@ def test_summary_of_a_known_series() -> None:
 def test_a_client_csv_with_several_urls_sums_by_second() -> None:
     text = "url,second,blocks,bytes\nr://a,5,1,100\nr://a,6,2,200\nr://b,6,1,50\n"
     assert parse_client_csv(text) == {5: 100, 6: 250}
+
+
+def test_the_mean_is_over_the_recorded_read_span_not_whole_seconds() -> None:
+    # 1 GB read in 1.1 s across two wall-clock seconds: whole seconds halve the rate.
+    text = ("url,second,blocks,bytes,start,end\n"
+            "r://a,100,1,400000000,100.600,101.700\nr://a,101,1,600000000,100.600,101.700\n")
+    assert parse_client_span(text) == (100.6, 101.7)
+    series = aggregate([parse_client_csv(text)])
+    binned = summarize("x", 1, series, 1, 0)
+    assert binned.mean_gbit_s == 4.0 and binned.span_s is None
+    exact = summarize("x", 1, series, 1, 0, span_s=step_span([parse_client_span(text)]))
+    assert abs(exact.mean_gbit_s - 8 / 1.1) < 1e-6 and exact.seconds == 2
+    assert exact.max_gbit_s == 4.8  # per-second figures stay per second
+    # Clients overlap: the span runs from the first start to the last end.
+    assert step_span([(10.0, 12.0), (11.0, 13.5)]) == 3.5
+    # An older reader (no start/end) or any client without one: whole seconds.
+    assert parse_client_span("url,second,blocks,bytes\nr://a,5,1,100\n") is None
+    assert step_span([(10.0, 12.0), None]) is None and step_span([]) is None
 
 
 def test_network_counters_become_bytes_per_second() -> None:
