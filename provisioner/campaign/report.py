@@ -329,7 +329,7 @@ def plot(out: Path, steps: list[Step], table: list[StepSummary]) -> list[Path]:
         plt.close(fig)
         written.append(path)
     fio = any(t.fio_gbit_s is not None for t in table)
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = plt.subplots(figsize=(10, 4.5))
     for scenario in dict.fromkeys(t.scenario for t in table):
         rows = [t for t in table if t.scenario == scenario and t.ok]
         ys = [(t.fio_gbit_s or 0.0) if fio else t.mean_gbit_s for t in rows]
@@ -344,7 +344,7 @@ def plot(out: Path, steps: list[Step], table: list[StepSummary]) -> list[Path]:
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     if ax.lines:
-        ax.legend()
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")  # beside
     path = out / "scaling.png"
     fig.tight_layout()
     fig.savefig(path, dpi=100)
