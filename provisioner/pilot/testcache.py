@@ -2,8 +2,9 @@
 
 The nested ``apptainer exec`` of the start-up test (provisioner.pilot.containers) costs
 seconds of every pilot's boot, and pilots restart often on the same nodes. When it
-passes, the pilot records that in ``<scratch>/.pilot-cache/container-test.json``
-(node-local, the pilot account's own: directory 0700, file 0600, written atomically);
+passes, the pilot records that in ``<scratch>/.pilot-cache/container-test-<host>.json``
+(the pilot account's own: directory 0700, file 0600, written atomically; one file per
+host, so that nodes whose scratch is shared do not overwrite each other's record);
 the next pilot on that node skips the test while the record is younger than the site's
 ``runtime.container_test_cache_s`` and its key still matches exactly: the host name,
 the test and pilot images (path, size, mtime), the kernel release and the test's argv.
@@ -35,7 +36,7 @@ from provisioner.pilot.containers import ContainerSupport
 log = logging.getLogger("provisioner.pilot")
 
 CACHE_DIR = ".pilot-cache"
-CACHE_FILE = "container-test.json"
+CACHE_FILE = "container-test-{host}.json"
 #: The default TTL (runtime.container_test_cache_s; the pilot's default for batch
 #: scripts that do not pass one).
 DEFAULT_TTL_S = 21600
@@ -45,9 +46,11 @@ FORMAT = 1
 MAX_BYTES = 64 * 1024
 
 
-def cache_file(scratch: Path) -> Path:
-    """Where the record of the node whose scratch base is `scratch` lives."""
-    return scratch / CACHE_DIR / CACHE_FILE
+def cache_file(scratch: Path, hostname: str | None = None) -> Path:
+    """Where this node's record lives under the scratch base `scratch`."""
+    host = socket.gethostname() if hostname is None else hostname
+    safe = "".join(c if c.isalnum() or c in "-._" else "_" for c in host) or "node"
+    return scratch / CACHE_DIR / CACHE_FILE.format(host=safe)
 
 
 def _file_key(path: str) -> dict[str, Any]:

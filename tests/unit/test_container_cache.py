@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import socket
 import stat
 import subprocess
 from pathlib import Path
@@ -108,7 +109,11 @@ def test_a_malformed_record_is_no_record(tmp_path: Path, damage: dict[str, Any])
 def test_the_record_is_written_0600_in_a_0700_directory_and_read_back(
         tmp_path: Path) -> None:
     path = testcache.cache_file(tmp_path / "scratch")
-    assert path == tmp_path / "scratch" / ".pilot-cache" / "container-test.json"
+    assert path == (tmp_path / "scratch" / ".pilot-cache" /
+                    f"container-test-{socket.gethostname()}.json")
+    # Nodes sharing a scratch directory keep a record each; a host name is made safe.
+    assert testcache.cache_file(tmp_path, "n1") != testcache.cache_file(tmp_path, "n2")
+    assert testcache.cache_file(tmp_path, "../x").name == "container-test-.._x.json"
     (tmp_path / "scratch" / ".pilot-cache").mkdir(parents=True, mode=0o755)
     os.chmod(tmp_path / "scratch" / ".pilot-cache", 0o755)
     record = passed(key(tmp_path))
@@ -197,10 +202,10 @@ class Node:
             image=self.pilot_image, container_test_image=self.test_image,
             container_test_cache_s=ttl)
         self.params.scratch.mkdir(exist_ok=True)
+        monkeypatch.setattr(testcache.socket, "gethostname", lambda: "wn001")
         self.cache = testcache.cache_file(self.params.scratch)
         self.calls: list[list[str]] = []
         self.rc = 0
-        monkeypatch.setattr(testcache.socket, "gethostname", lambda: "wn001")
 
     def start(self, now: float = NOW) -> tuple[Any, str]:
         """One pilot's enable_containers at `now`: (its outcome, its config file)."""
@@ -256,6 +261,10 @@ def test_a_changed_image_or_another_host_is_tested_again(
     assert len(node.calls) == 2  # the new pass stands
     monkeypatch.setattr(testcache.socket, "gethostname", lambda: "wn002")
     node.start(NOW + 3)
+    assert len(node.calls) == 3
+    # A scratch directory shared by nodes: each keeps its own record.
+    monkeypatch.setattr(testcache.socket, "gethostname", lambda: "wn001")
+    node.start(NOW + 4)
     assert len(node.calls) == 3
 
 
