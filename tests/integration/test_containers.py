@@ -17,7 +17,14 @@ from pathlib import Path
 import htcondor2 as htcondor
 import pytest
 from conftest import run, service_config
-from test_loop import ALICE, assert_clean_completion, clean_pool, jobs_left, wait_for
+from test_loop import (
+    ALICE,
+    assert_clean_completion,
+    clean_pool,
+    jobs_left,
+    submit_script,
+    wait_for,
+)
 
 from provisioner.service import Provisioner
 
@@ -41,22 +48,7 @@ def clean() -> Iterator[None]:
 def submit_as(user: str, name: str, script: str, extra: str = "", check: bool = True
               ) -> str:
     """`user` submits one job running the shell `script`; output in ~user/out/name/."""
-    home = Path(f"/home/{user}")
-    out = home / "out" / name
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
-    exe = home / f"{name}.sh"
-    exe.write_text("#!/bin/sh\n" + script)
-    exe.chmod(0o755)
-    sub = home / f"{name}.sub"
-    sub.write_text(f"executable = {exe}\noutput = {out}/0.out\nerror = {out}/0.err\n"
-                   f"log = {out}/job.log\nrequest_cpus = 1\nrequest_memory = 500\n"
-                   + extra + "queue\n")
-    run(["chown", "-R", f"{user}:{user}", str(home)])
-    res = run(["condor_submit", "-terse", str(sub)], user=user, cwd=str(home), check=check)
-    if not check:
-        return res.stdout + res.stderr
-    return res.stdout.split(".")[0].strip()
+    return submit_script(name, script, extra=extra, user=user, check=check)
 
 
 def drive(prov: Provisioner, clusters: list[str], timeout: float) -> None:

@@ -105,23 +105,28 @@ def submit(name: str, count: int, seconds: int, extra: str = "") -> str:
     return submit_script(name, f"sleep {seconds}; echo job-$1-ok\n", count, extra)
 
 
-def submit_script(name: str, script: str, count: int = 1, extra: str = "") -> str:
-    """alice submits `count` jobs running the shell `script` (argument: the process
-    number); outputs in ~alice/out/<name>/<n>.out, events in job.log."""
-    out = ALICE / "out" / name
+def submit_script(name: str, script: str, count: int = 1, extra: str = "",
+                  user: str = "alice", check: bool = True) -> str:
+    """`user` submits `count` jobs running the shell `script` (argument: the process
+    number); outputs in ~user/out/<name>/<n>.out, events in job.log. The cluster id;
+    with check=False condor_submit's output, whether it succeeded or not."""
+    home = Path(f"/home/{user}")
+    out = home / "out" / name
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    executable = ALICE / f"{name}.sh"
+    executable = home / f"{name}.sh"
     executable.write_text("#!/bin/sh\n" + script)
     executable.chmod(0o755)
-    sub = ALICE / f"{name}.sub"
+    sub = home / f"{name}.sub"
     sub.write_text(
         f"executable = {executable}\narguments = $(Process)\n"
         f"output = {out}/$(Process).out\nerror = {out}/$(Process).err\nlog = {out}/job.log\n"
         "request_cpus = 1\nrequest_memory = 500\n" + extra + f"queue {count}\n")
-    run(["chown", "-R", "alice:alice", str(ALICE)])
-    res = run(["condor_submit", "-terse", str(sub)], user="alice", cwd=str(ALICE)).stdout
-    return res.split(".")[0].strip()
+    run(["chown", "-R", f"{user}:{user}", str(home)])
+    res = run(["condor_submit", "-terse", str(sub)], user=user, cwd=str(home), check=check)
+    if not check:
+        return res.stdout + res.stderr
+    return res.stdout.split(".")[0].strip()
 
 
 def jobs_left(cluster: str) -> int:
