@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Protocol
 
 from provisioner.campaign import report
+from provisioner.campaign.aggregate import parse_client_csv
 from provisioner.campaign.spec import Campaign, classad_literal, resolve_jobfile, substitute
 
 PROGRESS_S = 5.0
@@ -173,9 +174,8 @@ def csv_bytes(directory: Path) -> int:
         if path.name.endswith(".netdev.csv"):
             continue
         try:
-            lines = path.read_text().splitlines()[1:]
-            total += sum(int(line.rsplit(",", 1)[1]) for line in lines if line)
-        except (OSError, ValueError, IndexError):
+            total += sum(parse_client_csv(path.read_text()).values())
+        except (OSError, ValueError, KeyError, TypeError):
             continue
     return total
 

@@ -35,7 +35,14 @@ from provisioner.campaign.report import (
     render,
     roles,
 )
-from provisioner.campaign.runner import CondorPool, Event, Runner, fold_events, submit_file
+from provisioner.campaign.runner import (
+    CondorPool,
+    Event,
+    Runner,
+    csv_bytes,
+    fold_events,
+    submit_file,
+)
 from provisioner.campaign.spec import (
     CampaignError,
     classad_literal,
@@ -622,3 +629,12 @@ def test_condor_pool_reports_condor_submit_errors(tmp_path: Path) -> None:
 
     with pytest.raises(RuntimeError, match="Executable file x not found"):
         CondorPool(command).submit({"initialdir": str(tmp_path)}, [{"client": "0"}])
+
+
+def test_progress_counts_the_bytes_of_the_clients_back_so_far(tmp_path: Path) -> None:
+    (tmp_path / "client-0.csv").write_text("url,second,blocks,bytes,start,end\n"
+                                           "r://a,5,1,100,5.1,6.2\nr://a,6,2,200,5.1,6.2\n")
+    (tmp_path / "client-1.csv").write_text("url,second,blocks,bytes\nr://b,5,1,50\n")
+    (tmp_path / "client-2.csv").write_text("not a csv of ours\n")
+    (tmp_path / "client-0.netdev.csv").write_text("second,interface,rx_bytes,tx_bytes\n")
+    assert csv_bytes(tmp_path) == 350
