@@ -15,7 +15,10 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import os
 import shutil
+import signal
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -76,16 +79,22 @@ def scenario(name: str, url: str) -> str:
     return f"  - name: {name}\n    site: frankfurt\n    url: \"{url}\"\n"
 
 
-def campaign(work: Path, name: str, prefix: str, clients: list[int], scenarios: str
-             ) -> tuple[int, str, Path]:
-    """alice runs the campaign; returns (exit code, output, result directory)."""
+def campaign_file(work: Path, name: str, prefix: str, clients: list[int], scenarios: str
+                  ) -> tuple[Path, Path]:
+    """The campaign file alice runs, and its result directory."""
     spec = work / f"{name}.yaml"
     spec.write_text(
         f"name: {name}\nfiles: {{prefix: {prefix}, count: 2, size: 8M}}\n"
         f"clients: {clients}\nreader: {{block_size: 1M}}\nstep_timeout_s: 600\n"
         f"scenarios:\n{scenarios}")
     run(["chown", "alice:alice", str(spec)])
-    out = work / f"{name}-out"
+    return spec, work / f"{name}-out"
+
+
+def campaign(work: Path, name: str, prefix: str, clients: list[int], scenarios: str
+             ) -> tuple[int, str, Path]:
+    """alice runs the campaign; returns (exit code, output, result directory)."""
+    spec, out = campaign_file(work, name, prefix, clients, scenarios)
     proc = run(["provisioner", "campaign", "run", str(spec), "--out", str(out)], user="alice",
                cwd=str(work), check=False, timeout=1500)
     text = proc.stdout + proc.stderr
@@ -191,3 +200,34 @@ def test_an_unreachable_origin_fails_naming_scenario_and_client(
     assert [(r["scenario"], r["clients"], r["clients_failed"]) for r in summary] == [
         ("unreachable", "1", "1")], summary
     wait_for("no job of the campaign left", lambda: not campaign_jobs("dead"), 60)
+
+
+def test_ctrl_c_removes_the_jobs_and_leaves_a_report_that_says_it_is_partial(
+        service: Service, prefix: str, work: Path) -> None:
+    # The second scenario's client waits for a site no pilot is at: Ctrl-C finds it idle.
+    spec, out = campaign_file(work, "ctrlc", prefix, [1], scenario("xcache", CACHE_URL)
+                              + scenario("stuck", CACHE_URL).replace("frankfurt", "nowhere"))
+    argv = ["runuser", "-u", "alice", "--", "env", "PATH=/opt/venv/bin:/usr/bin:/bin",
+            "HOME=/home/alice", "USER=alice", "LANG=C.UTF-8",
+            "provisioner", "campaign", "run", str(spec), "--out", str(out)]
+    # A terminal's Ctrl-C: SIGINT to the foreground process group.
+    proc = subprocess.Popen(argv, cwd=str(work), start_new_session=True, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        wait_for("the stuck step's job in the queue",
+                 lambda: (out / "stuck" / "1").is_dir() and campaign_jobs("ctrlc"), 600, step=1)
+        os.killpg(proc.pid, signal.SIGINT)
+        text = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    print(text)
+    assert proc.returncode != 0, text
+    assert "campaign ctrlc: interrupted (Ctrl-C); partial report" in text, text
+    wait_for("no job of the campaign left", lambda: not campaign_jobs("ctrlc"), 60)
+    md = (out / "report.md").read_text()
+    assert md.startswith("# Campaign ctrlc\n\n**Partial report"), md
+    assert "- scenario stuck, 1 client: interrupted" in md, md
+    assert "| xcache | 1 |" in md, md  # the finished step is reported
+    step = json.loads((out / "stuck" / "1" / "step.json").read_text())
+    assert step["status"] == "interrupted", step
