@@ -69,4 +69,7 @@ def main(argv: list[str]) -> int:
     def echo(line: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
 
-    return Runner(campaign, Path(args.file), out, echo=echo).run()
+    try:
+        return Runner(campaign, Path(args.file), out, echo=echo).run()
+    except KeyboardInterrupt:  # the runner removed the jobs and said where the report is
+        return 130
