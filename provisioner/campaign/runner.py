@@ -232,7 +232,8 @@ class Runner:
     def interrupted(self, current: tuple[str, int] | None, exc: BaseException) -> None:
         """The step that was running is recorded as interrupted, and the report of what
         finished is written: it says it is partial (report.completeness)."""
-        why = "Ctrl-C" if isinstance(exc, KeyboardInterrupt) else type(exc).__name__
+        why = "Ctrl-C" if isinstance(exc, KeyboardInterrupt) else (
+            f"{type(exc).__name__}: {exc}".strip().rstrip(":"))
         if current is not None:
             scenario, n = current
             self.record(scenario, n, error=f"scenario {scenario}, {report.clients_text(n)}: "

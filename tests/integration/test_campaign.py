@@ -19,6 +19,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -207,15 +208,24 @@ def test_ctrl_c_removes_the_jobs_and_leaves_a_report_that_says_it_is_partial(
     # The second scenario's client waits for a site no pilot is at: Ctrl-C finds it idle.
     spec, out = campaign_file(work, "ctrlc", prefix, [1], scenario("xcache", CACHE_URL)
                               + scenario("stuck", CACHE_URL).replace("frankfurt", "nowhere"))
-    argv = ["runuser", "-u", "alice", "--", "env", "PATH=/opt/venv/bin:/usr/bin:/bin",
-            "HOME=/home/alice", "USER=alice", "LANG=C.UTF-8",
+    env = {"PATH": "/opt/venv/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8",
+           "HOME": "/home/alice", "USER": "alice"}  # alice's own, not the tests' (root's)
+    argv = ["runuser", "-u", "alice", "--", "env", *(f"{k}={v}" for k, v in env.items()),
             "provisioner", "campaign", "run", str(spec), "--out", str(out)]
     # A terminal's Ctrl-C: SIGINT to the foreground process group.
-    proc = subprocess.Popen(argv, cwd=str(work), start_new_session=True, text=True,
+    proc = subprocess.Popen(argv, cwd=str(work), env=env, start_new_session=True, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    def stuck_step_queued() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"the campaign ended early:\n{proc.communicate()[0]}")
+        return (out / "stuck" / "1").is_dir() and bool(campaign_jobs("ctrlc"))
+
     try:
-        wait_for("the stuck step's job in the queue",
-                 lambda: (out / "stuck" / "1").is_dir() and campaign_jobs("ctrlc"), 600, step=1)
+        deadline = time.time() + 600
+        while not stuck_step_queued():
+            assert time.time() < deadline, "timed out waiting for the stuck step's job"
+            time.sleep(1)
         os.killpg(proc.pid, signal.SIGINT)
         text = proc.communicate(timeout=120)[0]
     finally:

@@ -638,3 +638,20 @@ def test_progress_counts_the_bytes_of_the_clients_back_so_far(tmp_path: Path) ->
     (tmp_path / "client-2.csv").write_text("not a csv of ours\n")
     (tmp_path / "client-0.netdev.csv").write_text("second,interface,rx_bytes,tx_bytes\n")
     assert csv_bytes(tmp_path) == 350
+
+
+def test_an_unexpected_error_is_recorded_with_its_message_and_the_report_written(
+        tmp_path: Path) -> None:
+    class Refusing(RecordingPool):
+        def submit(self, description: dict[str, str], items: list[dict[str, str]]) -> int:
+            if self.submitted:
+                raise RuntimeError("Failed to connect to schedd")
+            return super().submit(description, items)
+
+    runner, lines, _ = make_runner(tmp_path, Refusing())
+    with pytest.raises(RuntimeError):
+        runner.run()
+    step = json.loads((tmp_path / "out" / "xcache" / "2" / "step.json").read_text())
+    assert step["status"] == "interrupted"
+    assert "(RuntimeError: Failed to connect to schedd)" in step["error"]
+    assert "Partial report" in (tmp_path / "out" / "report.md").read_text()
