@@ -648,7 +648,7 @@ def test_an_unexpected_error_is_recorded_with_its_message_and_the_report_written
                 raise RuntimeError("Failed to connect to schedd")
             return super().submit(description, items)
 
-    runner, lines, _ = make_runner(tmp_path, Refusing())
+    runner, _, _ = make_runner(tmp_path, Refusing())
     with pytest.raises(RuntimeError):
         runner.run()
     step = json.loads((tmp_path / "out" / "xcache" / "2" / "step.json").read_text())
