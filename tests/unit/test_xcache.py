@@ -153,3 +153,9 @@ def test_pilot_binds_the_sites_shared_directories_read_only(tmp_path: Path) -> N
            "PILOT_CONDOR_CONFIG": "/c", "SLURM_JOB_ID": "1", "PILOT_WALLTIME_S": "60",
            "PILOT_BIND": "/a,/b/c"}
     assert wrapper.params_from_env(env, 0).bind == ("/a", "/b/c")
+
+
+def test_a_cache_value_cannot_inject_into_the_pilot_config(tmp_path: Path) -> None:
+    p = _params(tmp_path, CACHE + "$(LIB)\nSTART = True")
+    conf = wrapper.local_config(p, tmp_path / "w")
+    assert "$(LIB)" not in conf and "\nSTART = True" not in conf, conf
