@@ -26,8 +26,6 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from provisioner.campaign.aggregate import (
     GBIT,
     StepSummary,
@@ -107,24 +105,17 @@ def read_step(directory: Path, scenario: str, clients: int) -> Step:
     return step
 
 
-def scenario_order(out: Path) -> list[str]:
+def scenario_order(out: Path, campaign: Campaign | None) -> list[str]:
     """Scenario names in campaign order (from the copy of the campaign), else sorted."""
     found = sorted(p.name for p in out.iterdir() if p.is_dir() and any(
         c.is_dir() and c.name.isdigit() for c in p.iterdir()))
-    order: list[str] = []
-    try:
-        spec = yaml.safe_load((out / SPEC_COPY).read_text())
-        order = [s["name"] for s in spec.get("scenarios", []) or []]
-        if spec.get("kind") == "fio" and spec.get("fio"):
-            order.append(Path(spec["fio"]["jobfile"]).stem)
-    except (OSError, yaml.YAMLError, AttributeError, KeyError, TypeError):
-        pass
+    order = campaign.scenario_names() if campaign else []
     return [s for s in order if s in found] + [s for s in found if s not in order]
 
 
-def read_steps(out: Path) -> list[Step]:
+def read_steps(out: Path, campaign: Campaign | None = None) -> list[Step]:
     steps: list[Step] = []
-    for scenario in scenario_order(out):
+    for scenario in scenario_order(out, campaign):
         counts = sorted(int(p.name) for p in (out / scenario).iterdir()
                         if p.is_dir() and p.name.isdigit())
         steps.extend(read_step(out / scenario / str(n), scenario, n) for n in counts)
@@ -355,7 +346,8 @@ def plot(out: Path, steps: list[Step], table: list[StepSummary]) -> list[Path]:
 
 def render(out: Path, name: str | None = None) -> list[Path]:
     """Write every table, plot and report.md in `out`; returns the files written."""
-    steps = read_steps(out)
+    campaign = campaign_copy(out)
+    steps = read_steps(out, campaign)
     table = summaries(steps)
     write_tables(out, steps, table)
     try:
@@ -367,11 +359,7 @@ def render(out: Path, name: str | None = None) -> list[Path]:
                 "`bench` extra) and run `provisioner campaign report DIR`.")
         log.warning("no plots: matplotlib is not installed")
     if name is None:
-        try:
-            name = str(yaml.safe_load((out / SPEC_COPY).read_text())["name"])
-        except (OSError, yaml.YAMLError, KeyError, TypeError):
-            name = out.name
-    campaign = campaign_copy(out)
+        name = campaign.name if campaign else out.name
     reference, warm = roles(campaign)
     (out / "report.md").write_text(markdown(name, table, plots, note, reference, warm,
                                             completeness(out, campaign)))
