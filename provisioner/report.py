@@ -120,7 +120,7 @@ def report(journal_path: str, now: float, since: float | None = None,
     rows = compute(pilots, runs, now, since, site)
     if not rows:
         return NOTHING, []
-    ended = ends([p for p in pilots if site is None or p.site == site])
+    ended = ends(pilots)  # the journal read them for `site` already
     written: list[Path] = []
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
