@@ -5,7 +5,7 @@ campaign report DIR` can render again at any time (e.g. where matplotlib is
 installed). The layout, written by `runner`::
 
     DIR/campaign.yaml                     the campaign as it ran (scenario order)
-    DIR/<scenario>/<clients>/client-<i>.csv   benchread.py --csv (url,second,blocks,bytes)
+    DIR/<scenario>/<clients>/client-<i>.csv   benchread.py --csv (url,second,blocks,bytes,start,end)
     DIR/<scenario>/<clients>/client-<i>.out, .err   the client's stdout and stderr
     DIR/<scenario>/<clients>/client-<i>.json, .netdev.csv   fio clients instead
     DIR/<scenario>/<clients>/step.json    status, error, failed clients, hit ratio

@@ -163,8 +163,12 @@ def test_xcache_url_and_bench_read_through_the_cache(
                "--csv", str(csv_file), cached.strip()], host="fra-n1").stdout
     assert "checked: sha256, 4 blocks vs root://gsi-storage:1094//data/" in out, out
     rows = csv_file.read_text().splitlines()
-    assert rows[0] == "url,second,blocks,bytes"
-    assert sum(int(r.split(",")[3]) for r in rows[1:]) == 4 << 20
+    assert rows[0] == "url,second,blocks,bytes,start,end"
+    records = [r.split(",") for r in rows[1:]]
+    assert sum(int(r[3]) for r in records) == 4 << 20
+    # Each read's start and end (epoch seconds, ms) lie within the run.
+    assert all(float(r[4]) <= float(r[5]) for r in records), rows
+    assert max(float(r[5]) for r in records) - min(float(r[4]) for r in records) < 60, rows
     # A cache that serves wrong bytes fails the run loudly.
     wait_cached(name, digest)
     cache_copy = CACHED / name
