@@ -20,7 +20,8 @@ Contract of one cycle, in order:
    follows them from then on, even if one starts and dies before the next cycle looks).
    After a release was sent: ``controller.released(key, now)``; once per cycle, with the
    pool's view, ``controller.follow_releases(now, view)`` names the SLURM jobs of released
-   pilots to cancel (startd gone, job lingering).
+   pilots to cancel (startd gone, job lingering). A `Retire` or `Unretire` counts as sent
+   when the cycle decides it; if sending failed: ``controller.not_sent(action)``.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from provisioner.breaker import SiteBreakers
 from provisioner.cadence import CycleMark, Probe, cycle_due
 from provisioner.config import Config
 from provisioner.estimates import Estimates
-from provisioner.model import Cancel, PilotState, Plan, Snapshot
+from provisioner.model import Action, Cancel, PilotState, Plan, Retire, Snapshot, Unretire
 from provisioner.plan import carry_over, plan
 from provisioner.scaledown import drained_empty
 from provisioner.stuck import StuckGroups
@@ -99,6 +100,7 @@ class Controller:
     unneeded: dict[str, int] = field(default_factory=dict)  # pending key -> cycles unneeded
     hedged: set[str] = field(default_factory=set)
     drained: dict[str, int] = field(default_factory=dict)  # drained-empty key -> cycles
+    retiring: set[str] = field(default_factory=set)  # busy pilots told to leave when done
     arrivals: deque[float] = field(default_factory=deque)  # distinct arrival times
     reserves: deque[tuple[float, int]] = field(default_factory=deque)  # (time, wanted)
     #: circuit-breaker state changes seen by the last cycle (the service logs them)
@@ -115,16 +117,21 @@ class Controller:
 
     # -- what survives a restart -------------------------------------------------------
     def state(self) -> dict[str, Any]:
-        """JSON-able learnt state: site lead-time estimates and circuit breakers. The
-        service persists it (journal key "controller"); `provisioner status` reads the
-        breakers from there."""
-        return {"estimates": self.estimates.to_dict(), "breakers": self.breakers.to_dict()}
+        """JSON-able learnt state: site lead-time estimates, circuit breakers and the pilots
+        told to retire (a restarted service can still withdraw the order). The service
+        persists it (journal key "controller"); `provisioner status` reads the breakers
+        from there."""
+        return {"estimates": self.estimates.to_dict(), "breakers": self.breakers.to_dict(),
+                "retiring": sorted(self.retiring)}
 
     def load(self, data: dict[str, Any] | None) -> None:
         """Restore what `state()` returned (missing or malformed parts are ignored)."""
         data = data or {}
         self.estimates.load(data.get("estimates") or {})
         self.breakers.load(data.get("breakers") or {})
+        retiring = data.get("retiring")
+        if isinstance(retiring, list):
+            self.retiring = {k for k in retiring if isinstance(k, str) and "/" in k}
 
     # -- cadence -----------------------------------------------------------------------
     def due(self, now: float, probe: Probe) -> str:
@@ -205,7 +212,7 @@ class Controller:
                        recent_departures=left, estimates=dict(self.estimates.sites),
                        unneeded_cycles=dict(self.unneeded), hedged=frozenset(self.hedged),
                        submit_limit=self.breakers.limits(now, in_flight), drained_cycles=drained,
-                       probing=self.breakers.probing(),
+                       probing=self.breakers.probing(), retiring=frozenset(self.retiring),
                        arrival_times=len(self.arrivals),
                        reserve_hold=max((n for _t, n in self.reserves), default=0))
 
@@ -236,11 +243,17 @@ class Controller:
             self.unneeded = kept
             self.hedged = (self.hedged | set(result.hedges)) & present
             self.drained = {k: n + 1 for k, n in snapshot.drained_cycles.items()}
+            self.retiring = {k for k in self.retiring
+                             if k in present or k.split("/", 1)[0] not in known}
             for a in result.actions:
                 if isinstance(a, Cancel) and a.pilot.state is PilotState.PENDING:
                     # withdrawn, not failed (if it started meanwhile, it stays and the
                     # next cycle follows it again)
                     self.breakers.withdraw(a.pilot.key)
+                elif isinstance(a, Retire):
+                    self.retiring.add(a.pilot.key)
+                elif isinstance(a, Unretire):
+                    self.retiring.discard(a.pilot.key)
         self.mark = CycleMark(
             at=now, idle_jobs=sum(d.idle for d in snapshot.demand),
             # as the quick check will see them, or a ghost ad would look newly idle at
@@ -287,6 +300,14 @@ class Controller:
                 continue
             out.append(key)
         return out
+
+    def not_sent(self, action: Action) -> None:
+        """A `Retire` or `Unretire` of this cycle could not be sent: the pilot keeps its
+        former order, so the next cycle decides (and sends) again."""
+        if isinstance(action, Retire):
+            self.retiring.discard(action.pilot.key)
+        elif isinstance(action, Unretire):
+            self.retiring.add(action.pilot.key)
 
     def cancelled(self, key: str) -> None:
         """The SLURM job of released pilot `key` was cancelled: stop following it."""

@@ -35,6 +35,8 @@ SERIES: dict[str, tuple[str, tuple[str, ...], str]] = {
     P + "pilots_submitted_total": ("counter", ("site",), "Pilots submitted"),
     P + "pilots_released_total": ("counter", ("site",), "Releases sent to idle pilots"),
     P + "pilots_cancelled_total": ("counter", ("site",), "Pilot jobs cancelled"),
+    P + "pilots_retired_total": ("counter", ("site",),
+                                 "Busy pilots told to leave when their jobs end"),
     P + "pilots_failed_to_join_total": ("counter", ("site",),
                                         "Pilots that started and ended without joining"),
     P + "cycle_phase_seconds": ("histogram", ("phase",),

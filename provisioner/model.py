@@ -147,6 +147,8 @@ class Snapshot:
     #: DRAINING pilot (drained by someone else) with nothing running -> consecutive
     #: earlier cycles seen so.
     drained_cycles: dict[str, int] = field(default_factory=dict)
+    #: busy pilots told to leave when their jobs end (`Retire`), not withdrawn since.
+    retiring: frozenset[str] = frozenset()
 
 
 # Actions: returned as data, applied by the service.
@@ -184,6 +186,23 @@ class Release:
 
 
 @dataclass(frozen=True)
+class Retire:
+    """A busy pilot nothing queued needs: leave as soon as the running jobs end (it
+    still takes jobs until then). Sent through the site (scancel --signal)."""
+
+    pilot: Pilot
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Unretire:
+    """Withdraw a `Retire`: demand returned; stay when the running jobs end."""
+
+    pilot: Pilot
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class Cancel:
     """A pending pilot with no demand: scancel directly."""
 
@@ -191,7 +210,7 @@ class Cancel:
     reason: str = ""
 
 
-Action = Submit | Flag | Unflag | Release | Cancel
+Action = Submit | Flag | Unflag | Release | Cancel | Retire | Unretire
 
 
 @dataclass(frozen=True)

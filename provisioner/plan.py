@@ -12,7 +12,7 @@ site):
    per-cycle cap; real demand at every site first, then the reserve. New pilots are sized
    down to what they hold (between min_cpus and cpus).
 4. `submissions`: one `Submit` per site and pilot size, and the per-site summary.
-5. `pilot_actions` (`provisioner.scaledown`): flag, unflag, release, cancel.
+5. `pilot_actions` (`provisioner.scaledown`): flag, unflag, release, cancel, retire.
 
 Existing and new capacity share one packing index (`provisioner.packing.CapacityIndex`).
 If the pool is unknown nothing happens; at an unknown site nothing happens, but its
@@ -345,7 +345,11 @@ def plan(snapshot: Snapshot, config: Config, now: float) -> Plan:
     used = {p.key for g in registry if g.jobs > 0 for p in g.members}
     used |= {key for key, name in late.items() if name in wanted}
     site_ok = {name: s.known for name, s in sites.items()}
-    down, unneeded = pilot_actions(snapshot, config, now, used, site_ok, bool(actions))
+    # every idle job and reserve slot sits in the free room of pilots already in the pool
+    spare = (not actions and not any(r.left for r in everything)
+             and not any(p.key in used for p in snapshot.pilots
+                         if p.state in (PilotState.PENDING, PilotState.STARTING)))
+    down, unneeded = pilot_actions(snapshot, config, now, used, site_ok, bool(actions), spare)
     reserve = sum(r.jobs for r in ghosts)
     return Plan(
         actions=tuple(actions + down),

@@ -6,6 +6,10 @@ permitting); flagged pilots that are busy again or received demand are unflagged
 pilots without assigned demand are cancelled (keep_warm permitting; not a half-open site's
 probe); pilots running at
 their site whose startd never joined the pool within `start_timeout_s` are cancelled.
+BUSY pilots whose free room nothing needs, in a cycle that places all demand and reserve
+on pilots already in the pool, are retired (`policy.retire_when_done`): they leave when
+their running jobs end instead of a quick check later; the order is withdrawn when that no
+longer holds.
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ from provisioner.model import (
     PilotState,
     Plan,
     Release,
+    Retire,
     Snapshot,
     Unflag,
+    Unretire,
 )
 
 _WARM = frozenset((PilotState.IDLE, PilotState.STARTING, PilotState.PENDING))
@@ -46,14 +52,20 @@ def drained_empty(p: Pilot) -> bool:
             and p.free_memory_mb >= p.memory_mb)
 
 
+def _age(p: Pilot, now: float) -> float:
+    return now - (p.started_at if p.started_at is not None else p.submitted_at)
+
+
 def pilot_actions(
     snapshot: Snapshot, config: Config, now: float, used: set[str], site_ok: dict[str, bool],
-    submitting: bool = False,
+    submitting: bool = False, spare: bool = False,
 ) -> tuple[list[Action], list[str]]:
-    """Flag, unflag, release and cancel existing pilots; also returns the pending pilots no
-    demand needed this cycle. `used`: pilots that received demand (or reserve) or must be
-    kept for it; `submitting`: this cycle submits new pilots (then no pending pilot is
-    cancelled: it would be replaced by an equivalent one)."""
+    """Flag, unflag, release, cancel, retire and unretire existing pilots; also returns the
+    pending pilots no demand needed this cycle. `used`: pilots that received demand (or
+    reserve) or must be kept for it; `submitting`: this cycle submits new pilots (then no
+    pending pilot is cancelled: it would be replaced by an equivalent one); `spare`: the
+    cycle placed every idle job and the reserve on pilots already in the pool and submits
+    none (then busy pilots nothing needs are retired)."""
     out: list[Action] = []
     unneeded: list[str] = []
     cancel_after = config.policy.placement.pending_cancel_cycles
@@ -62,21 +74,31 @@ def pilot_actions(
         if site_ok.get(p.site, False):
             by_site[p.site].append(p)
     n_release = config.policy.idle_release_cycles
+    retire_ok = config.policy.retire_when_done and spare
     for site_name, pilots in sorted(by_site.items()):
         site = config.site(site_name)
         # warm = unclaimed pilots that are up or coming up; keep_warm of them are kept
         warm = sum(1 for p in pilots if p.state in _WARM and p.key not in used)
         cancels: list[Pilot] = []
         releases: list[Pilot] = []
+        spare_busy: list[Pilot] = []
         for p in pilots:
             flagged = p.key in snapshot.flagged
+            retiring = p.key in snapshot.retiring
             if p.state is PilotState.BUSY:
                 if flagged:
                     out.append(Unflag(p, "busy again"))
+                if retire_ok and p.key not in used:
+                    spare_busy.append(p)
+                elif retiring:
+                    out.append(Unretire(p, "demand for its room again" if p.key in used
+                                        else "demand waits for pilots not yet in the pool"))
             elif p.state is PilotState.IDLE:
                 if p.key in used:
                     if flagged:
                         out.append(Unflag(p, "idle demand will use it"))
+                    if retiring:
+                        out.append(Unretire(p, "idle demand will use it"))
                 elif _idle_observations(snapshot, p, now) >= n_release:
                     releases.append(p)
                 elif not flagged:
@@ -102,8 +124,7 @@ def pilot_actions(
         # release the pilots that end soonest, cancel the ones submitted last; keep the rest
         releases.sort(key=lambda p: (p.walltime_end or math.inf, p.job_id))
         for p in releases:
-            age = now - (p.started_at if p.started_at is not None else p.submitted_at)
-            if age >= config.policy.min_pilot_lifetime_s and warm > site.keep_warm:
+            if _age(p, now) >= config.policy.min_pilot_lifetime_s and warm > site.keep_warm:
                 out.append(Release(p, f"idle for {n_release} cycles, no demand for it"))
                 warm -= 1
             elif p.key not in snapshot.flagged:
@@ -112,7 +133,26 @@ def pilot_actions(
             if warm > site.keep_warm:
                 out.append(Cancel(p, f"pending, no demand for it for {cancel_after} cycles"))
                 warm -= 1
+        out += _retirements(snapshot, spare_busy, max(0, site.keep_warm - warm),
+                            config.policy.min_pilot_lifetime_s, now)
     return out, unneeded
+
+
+def _retirements(snapshot: Snapshot, spare_busy: list[Pilot], keep: int,
+                 min_lifetime_s: float, now: float) -> list[Action]:
+    """Retire the busy pilots nothing needs, but keep (or unretire) the `keep` that end
+    last (they become the site's keep_warm pilots) and those younger than the minimum
+    lifetime."""
+    out: list[Action] = []
+    spare_busy.sort(key=lambda p: (-(p.walltime_end or math.inf), p.job_id))
+    for i, p in enumerate(spare_busy):
+        retiring = p.key in snapshot.retiring
+        if i < keep or _age(p, now) < min_lifetime_s:
+            if retiring:
+                out.append(Unretire(p, "kept: lifetime/keep_warm"))
+        elif not retiring:
+            out.append(Retire(p, "busy, no demand for its room: leave when the jobs end"))
+    return out
 
 
 def carry_over(

@@ -30,10 +30,12 @@ from provisioner.model import (
     PilotState,
     Plan,
     Release,
+    Retire,
     SiteView,
     Snapshot,
     Submit,
     Unflag,
+    Unretire,
 )
 from provisioner.pilot.script import render_pilot_script
 from provisioner.pilot_view import (
@@ -237,6 +239,14 @@ class Provisioner:
         self.metrics.count("pilots_released", action.pilot.site)
         return "release sent (the pilot drains itself if still idle)"
 
+    def _retire(self, action: Retire | Unretire) -> str:
+        retire = isinstance(action, Retire)
+        self.backends[action.pilot.site].retire(action.pilot.job_id, retire)
+        if retire:
+            self.metrics.count("pilots_retired", action.pilot.site)
+            return "sent (the pilot leaves when its running jobs end)"
+        return "sent (the pilot stays when its running jobs end)"
+
     def _cleanup(self, obs: Observation) -> list[tuple[str, str]]:
         """Cancel the SLURM jobs of released pilots the controller says linger."""
         out: list[tuple[str, str]] = []
@@ -281,6 +291,8 @@ class Provisioner:
                                                             only_pending=pending)
                     outcome = "cancelled if still pending" if pending else "cancelled"
                     self.metrics.count("pilots_cancelled", action.pilot.site)
+                elif isinstance(action, Retire | Unretire):
+                    outcome = self._retire(action)
                 elif isinstance(action, Flag | Unflag):
                     outcome = "ok"
                 else:
@@ -288,9 +300,11 @@ class Provisioner:
             except BackendError as exc:
                 outcome = f"failed: {exc}"
                 log.error("%s: %s", text, outcome)
+                self.controller.not_sent(action)
             except Exception as exc:  # one broken action must not stop the others
                 outcome = f"failed: {type(exc).__name__}: {exc}"
                 log.exception("%s: %s", text, outcome)
+                self.controller.not_sent(action)
             outcomes.append((text, outcome))
         outcomes.extend(self._cleanup(obs))
         return outcomes

@@ -66,6 +66,7 @@ class SimPilot:
     started_at: float | None = None
     booted: bool = False
     draining: bool = False
+    retiring: bool = False  # told to leave when its jobs end (it still takes jobs)
     ended_at: float | None = None
     cancelled: bool = False
     used_cpus: int = 0

@@ -12,7 +12,9 @@ states a runtime only if it ends before the walltime; one that states none only 
 shutdown margin. From the margin on the pilot takes no such jobs and ends when empty. A
 released pilot drains and ends when empty; a pending one is cancelled. At walltime SLURM
 kills whatever still runs: the job goes back to the queue (its job lease) and its core time
-so far is waste, not claimed. A `black_hole` site's pilots start and never join the pool
+so far is waste, not claimed. A retired pilot still takes jobs and ends the moment it has
+none (the real one looks every second); a withdrawn retirement makes it an ordinary pilot.
+A `black_hole` site's pilots start and never join the pool
 (they exit after `boot_s`), like a site with a broken image path.
 """
 
@@ -37,9 +39,11 @@ from provisioner.model import (
     Pilot,
     PilotState,
     Release,
+    Retire,
     SiteView,
     Snapshot,
     Submit,
+    Unretire,
     round_memory,
 )
 
@@ -160,6 +164,12 @@ class World:
                 p = self.pilots.get(int(a.pilot.job_id))
                 if p is not None:
                     self.release(p)
+            elif isinstance(a, (Retire, Unretire)):
+                p = self.pilots.get(int(a.pilot.job_id))
+                if p is not None and p.started_at is not None:
+                    p.retiring = isinstance(a, Retire)
+                    if p.retiring and p.booted and not p.jobs:
+                        self._end_pilot(p)
 
     def submit(self, site_name: str, cpus: int, memory_mb: int, walltime_s: float) -> SimPilot:
         site = self.sites[site_name]
@@ -308,7 +318,7 @@ class World:
                     p = payload.pilot
                     self._finish_job(payload)
                     assert p is not None
-                    if not p.jobs and (p.draining or self.now >= p.margin_at):
+                    if not p.jobs and (p.draining or p.retiring or self.now >= p.margin_at):
                         self._end_pilot(p)
             elif kind == "eligible":
                 assert isinstance(payload, SimPilot)

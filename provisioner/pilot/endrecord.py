@@ -38,6 +38,8 @@ REASONS = {
     "walltime-drain": "the walltime end came near (SLURM's warning signal, or the startd "
                       "stopped itself after the stop time): drained gracefully",
     "released": "the provisioner released it while idle: drained, then left",
+    "retired": "the provisioner asked it to leave when its jobs were done: it left as "
+               "soon as it was idle",
     "noclaim-shutdown": "condor_master ended by itself before the stop time (the startd's "
                         "STARTD_NOCLAIM_SHUTDOWN backstop)",
     "terminated": "TERM or INT long before the walltime end (scancel, the site)",

@@ -9,8 +9,10 @@ Apptainer pilot image through spython. On TERM it asks the master for a graceful
 shutdown (running jobs may retire until the walltime end); when the master ends
 it copies the logs back and exits. On USR1 (the provisioner's release, sent
 through SLURM) it drains its startd if, and only if, the startd is idle, then
-shuts down. Whichever way it ends, its last act is its end record
-(provisioner.pilot.endrecord): when it started and ended, and why.
+shuts down. On USR2 (retire) it does the same as soon as its running jobs have
+ended, taking jobs until then; WINCH withdraws that order. Whichever way it ends,
+its last act is its end record (provisioner.pilot.endrecord): when it started and
+ended, and why.
 
 Parameters come from ``PILOT_*`` environment variables set by the batch script
 and from SLURM's own environment (job id, cores, memory, end time).
@@ -26,6 +28,7 @@ import shutil
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,6 +53,12 @@ log = logging.getLogger("provisioner.pilot")
 #: (provisioner.pilot_view.SLURM_SIGNAL_SLOP_S; not imported: the pilot has no HTCondor
 #: bindings).
 SIGNAL_SLOP_S = 60
+#: Retire and its withdrawal (provisioner.sites.slurm_cli.RETIRE_SIGNAL, UNRETIRE_SIGNAL).
+RETIRE_SIGNAL = signal.SIGUSR2
+UNRETIRE_SIGNAL = signal.SIGWINCH
+#: How often a retiring pilot looks (in /proc) whether its jobs have ended.
+RETIRE_POLL_S = 1.0
+STARTER = "condor_starter"
 
 
 class PilotError(Exception):
@@ -356,6 +365,37 @@ def prepare(p: PilotParams) -> tuple[Path, Path]:
     return workdir, config
 
 
+def starters_below(root: int, proc: Path = Path("/proc")) -> int:
+    """How many condor_starter processes (one per running job) descend from process
+    `root`, from /proc (the pilot's container shares the node's PID namespace)."""
+    parent: dict[int, int] = {}
+    starters: list[int] = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # ended meanwhile
+            continue
+        close = stat.rfind(")")  # the command name may hold spaces and parentheses
+        fields = stat[close + 2:].split()
+        if close < 0 or len(fields) < 2:
+            continue
+        pid = int(entry.name)
+        parent[pid] = int(fields[1])
+        if stat[stat.find("(") + 1:close] == STARTER:
+            starters.append(pid)
+    count = 0
+    for starter in starters:
+        pid = parent.get(starter, 0)
+        seen: set[int] = set()
+        while pid not in (0, 1, root) and pid not in seen:
+            seen.add(pid)
+            pid = parent.get(pid, 0)
+        count += pid == root
+    return count
+
+
 class Pilot:
     """Runs the master in the container and reacts to SLURM's signals."""
 
@@ -367,6 +407,12 @@ class Pilot:
         self.stopping = False
         self.reason: str | None = None  # why it is stopping (endrecord.REASONS)
         self.clock: Callable[[], float] = time.time
+        self.retiring = False
+        self._leaving = threading.Lock()  # one idle check at a time
+        self._watcher: threading.Thread | None = None
+        self._unsure = False  # warned that running jobs cannot be told
+        self.ended = threading.Event()  # the master has ended
+        self.proc = Path("/proc")
 
     @property
     def stop_at(self) -> float:
@@ -384,10 +430,12 @@ class Pilot:
         # (STARTD.DAEMON_SHUTDOWN) or before it (STARTD_NOCLAIM_SHUTDOWN).
         return "walltime-drain" if self.clock() >= self.stop_at else "noclaim-shutdown"
 
+    def _master_pid(self) -> int:
+        return int(self.pidfile.read_text().strip())
+
     def _signal_master(self, sig: int) -> None:
         try:
-            pid = int(self.pidfile.read_text().strip())
-            os.kill(pid, sig)
+            os.kill(self._master_pid(), sig)
         except (OSError, ValueError) as exc:
             log.warning("could not signal the master: %s", exc)
 
@@ -461,25 +509,69 @@ class Pilot:
             options += ["--env", f"{key}={value}"]
         return options
 
-    def on_release(self, signum: int, _frame: Any) -> None:
-        """The provisioner asks us to leave if idle: drain with an atomic idle check.
+    def leave_if_idle(self, reason: str, why: str) -> bool:
+        """Drain with an atomic idle check and stop; False if not idle (or already busy
+        leaving). The startd evaluates the check and stops matching in one step, so a
+        job that arrived since anyone looked keeps its slot and we stay."""
+        if not self._leaving.acquire(blocking=False):
+            return False
+        try:
+            if self.stopping:
+                return False
+            rc, out = self._in_container([
+                "condor_drain", "-graceful", "-exit-on-completion",
+                "-check", 'State == "Unclaimed"', "-start", "false",
+                "-reason", why, self.p.name])
+            if rc != 0:
+                log.info("%s refused (not idle): %s", reason, out.strip())
+                return False
+            log.info("%s: drained while idle; shutting down", reason)
+            self.stopping = True
+            self.reason = reason
+            self._signal_master(signal.SIGTERM)
+            return True
+        finally:
+            self._leaving.release()
 
-        The startd evaluates the check and stops matching in one step, so a job
-        that arrived since the provisioner looked keeps its slot and we stay.
-        """
-        if self.stopping:
+    def on_release(self, signum: int, _frame: Any) -> None:
+        """The provisioner asks us to leave if idle."""
+        self.leave_if_idle("released", "released by the provisioner: idle")
+
+    def on_retire(self, signum: int, _frame: Any) -> None:
+        """The provisioner asks us to leave once our running jobs have ended; a thread
+        watches for that (new jobs may still start meanwhile)."""
+        if self.stopping or self.retiring:
             return
-        rc, out = self._in_container([
-            "condor_drain", "-graceful", "-exit-on-completion",
-            "-check", 'State == "Unclaimed"', "-start", "false",
-            "-reason", "released by the provisioner: idle", self.p.name])
-        if rc != 0:
-            log.info("release refused (not idle): %s", out.strip())
-            return
-        log.info("release: drained while idle; shutting down")
-        self.stopping = True
-        self.reason = "released"
-        self._signal_master(signal.SIGTERM)
+        log.info("retire: leaving as soon as the running jobs end")
+        self.retiring = True
+        if self._watcher is None:
+            self._watcher = threading.Thread(target=self.watch_retirement, name="retire",
+                                             daemon=True)
+            self._watcher.start()
+
+    def on_unretire(self, signum: int, _frame: Any) -> None:
+        if self.retiring and not self.stopping:
+            log.info("retire withdrawn: staying when the running jobs end")
+            self.retiring = False
+
+    def jobs_running(self) -> bool:
+        """Whether a job (a condor_starter) runs; True when that cannot be told, so that
+        a retiring pilot never drains on a guess (the provisioner's release remains)."""
+        try:
+            return starters_below(self._master_pid(), self.proc) > 0
+        except (OSError, ValueError) as exc:
+            if not self._unsure:
+                log.warning("cannot tell whether jobs run (retiring waits for the "
+                            "provisioner's release instead): %s", exc)
+                self._unsure = True
+            return True
+
+    def watch_retirement(self) -> None:
+        """While retiring, leave at the first poll (every `RETIRE_POLL_S`) with no job
+        running and the startd idle; until the pilot stops or its master ends."""
+        while not self.ended.wait(RETIRE_POLL_S) and not self.stopping:
+            if self.retiring and not self.jobs_running():
+                self.leave_if_idle("retired", "retired by the provisioner: its jobs are done")
 
     def on_term(self, signum: int, _frame: Any) -> None:
         """Graceful: the master stops the startd, which lets running jobs retire."""
@@ -511,6 +603,7 @@ class Pilot:
             rc = getattr(exc, "returncode", 1) or 1
             if not self.stopping:
                 log.error("the pilot container ended: %s", exc)
+        self.ended.set()
         log.info("pilot %s ended (rc %d)", self.p.name, rc)
         return 0 if self.stopping else rc
 
@@ -564,6 +657,8 @@ def run_pilot(ending: Ending) -> int:
 
     signal.signal(signal.SIGTERM, early_term)
     signal.signal(signal.SIGUSR1, early_term)  # released before it started: just leave
+    signal.signal(RETIRE_SIGNAL, signal.SIG_IGN)  # no job can run yet: nothing to retire
+    signal.signal(UNRETIRE_SIGNAL, signal.SIG_IGN)
     delay = random.Random(params.job_id).uniform(0, params.start_delay_max_s)
     deadline = time.time() + delay
     while time.time() < deadline and stop_early is None:
@@ -584,6 +679,8 @@ def run_pilot(ending: Ending) -> int:
     signal.signal(signal.SIGTERM, pilot.on_term)
     signal.signal(signal.SIGINT, pilot.on_term)
     signal.signal(signal.SIGUSR1, pilot.on_release)
+    signal.signal(RETIRE_SIGNAL, pilot.on_retire)
+    signal.signal(UNRETIRE_SIGNAL, pilot.on_unretire)
     try:
         rc = pilot.run()
         ending.reason = pilot.end_reason(rc)

@@ -108,6 +108,15 @@ class SiteBackend(Protocol):
         """
         ...
 
+    def retire(self, job_id: str, retire: bool = True) -> None:
+        """Ask a running pilot to leave as soon as its running jobs end (it still takes
+        jobs until then), or, with `retire` False, withdraw that order.
+
+        The pilot checks, atomically in its own startd, that nothing is claimed before it
+        leaves. Idempotent; an unknown or finished job succeeds.
+        """
+        ...
+
     def cancel(self, job_id: str, only_pending: bool = False) -> None:
         """Cancel a pilot job. Idempotent: cancelling an unknown or finished job succeeds.
 

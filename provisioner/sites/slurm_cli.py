@@ -64,6 +64,10 @@ STATE_TABLE: dict[str, SiteJobState | None] = {
 
 #: The signal that asks a pilot to leave if idle (see provisioner.pilot.wrapper).
 RELEASE_SIGNAL = "USR1"
+#: Leave when the running jobs end; and its withdrawal. WINCH is ignored by default, so a
+#: withdrawal that reaches a process without a handler does no harm.
+RETIRE_SIGNAL = "USR2"
+UNRETIRE_SIGNAL = "WINCH"
 
 _UNREACHABLE = re.compile(r"unable to contact slurm controller|connection refused|"
                           r"slurm_load_jobs error|cannot connect|zero bytes were transmitted",
@@ -283,6 +287,13 @@ class SlurmCliBackend:
     def release(self, job_id: str) -> None:
         # SIGUSR1 to the batch shell, which is the pilot wrapper itself.
         self._scancel(job_id, "--batch", f"--signal={RELEASE_SIGNAL}")
+
+    def retire(self, job_id: str, retire: bool = True) -> None:
+        """scancel --batch --signal=USR2 (retire) or WINCH (withdraw): to the batch shell,
+        which is the pilot wrapper (provisioner.pilot.wrapper, which names the same
+        signals)."""
+        signal = RETIRE_SIGNAL if retire else UNRETIRE_SIGNAL
+        self._scancel(job_id, "--batch", f"--signal={signal}")
 
     def cancel(self, job_id: str, only_pending: bool = False) -> None:
         self._scancel(job_id, *(["--state=PENDING"] if only_pending else []))

@@ -83,6 +83,10 @@ class FakeBackend:
         self._maybe_fail()
         self.calls.append(("release", job_id))
 
+    def retire(self, job_id: str, retire: bool = True) -> None:
+        self._maybe_fail()
+        self.calls.append(("retire" if retire else "unretire", job_id))
+
     def cancel(self, job_id: str, only_pending: bool = False) -> None:
         self._maybe_fail()
         self.calls.append(("cancel-pending" if only_pending else "cancel", job_id))

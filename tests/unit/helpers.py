@@ -32,10 +32,11 @@ def site(name: str = "gsi", cpus: int = 16, min_cpus: int = 1, memory_mb: int = 
 
 
 def config(*sites: SiteConfig, max_submit: int = 20, release_cycles: int = 2,
-           min_lifetime: float = 0, reserve: ReserveConfig | None = None) -> Config:
+           min_lifetime: float = 0, reserve: ReserveConfig | None = None,
+           retire: bool = True) -> Config:
     return Config(
         policy=PolicyConfig(max_submit_per_cycle=max_submit, idle_release_cycles=release_cycles,
-                            min_pilot_lifetime_s=min_lifetime,
+                            min_pilot_lifetime_s=min_lifetime, retire_when_done=retire,
                             reserve=reserve or ReserveConfig()),
         sites=sites or (site(),),
     )

@@ -9,6 +9,7 @@ from provisioner.model import (
     JobShape,
     PilotState,
     Release,
+    Retire,
     Submit,
     Unflag,
 )
@@ -165,8 +166,11 @@ def test_flagged_pilot_used_by_demand_is_unflagged() -> None:
 
 def test_busy_flagged_pilot_is_unflagged_never_released() -> None:
     p = pilot("1", PilotState.BUSY, free_cpus=15, free_mem=60000)
-    result = plan(snap([], [p], flagged={p.key: NOW - 300}), config(), NOW)
+    result = plan(snap([], [p], flagged={p.key: NOW - 300}), config(retire=False), NOW)
     assert [type(a) for a in result.actions] == [Unflag]
+    # with retirement on it is also told to leave when its job ends
+    result = plan(snap([], [p], flagged={p.key: NOW - 300}), config(), NOW)
+    assert [type(a) for a in result.actions] == [Unflag, Retire]
 
 
 def test_min_lifetime_and_keep_warm_block_release() -> None:

@@ -18,10 +18,12 @@ from provisioner.model import (
     PilotState,
     Plan,
     Release,
+    Retire,
     SiteView,
     Snapshot,
     Submit,
     Unflag,
+    Unretire,
 )
 from provisioner.plan import plan, site_rejects
 
@@ -57,7 +59,8 @@ def configs(draw: st.DrawFn) -> Config:
     )
     return config(*sites, max_submit=draw(st.integers(0, 12)),
                   release_cycles=draw(st.integers(1, 3)),
-                  min_lifetime=draw(st.sampled_from((0, 600))), reserve=reserve)
+                  min_lifetime=draw(st.sampled_from((0, 600))), reserve=reserve,
+                  retire=draw(st.booleans()))
 
 
 shapes = st.builds(
@@ -103,8 +106,10 @@ def scenarios(draw: st.DrawFn) -> tuple[Snapshot, Config]:
     flagged = {p.key: NOW - draw(st.sampled_from((0, 20, 300)))
                for p in ps if draw(st.booleans())}
     views = tuple(SiteView(n, draw(st.booleans()) or n == "a") for n in SITES)
+    retiring = frozenset(p.key for p in ps if p.state in (PilotState.BUSY, PilotState.IDLE)
+                         and draw(st.booleans()))
     snap = Snapshot(demand=tuple(draw(demands)), pilots=tuple(ps), sites=views,
-                    flagged=flagged,
+                    flagged=flagged, retiring=retiring,
                     idle_cycles={k: draw(st.integers(0, 3)) for k in flagged},
                     recent_arrivals=tuple(draw(arrivals)),
                     arrival_window_s=draw(st.sampled_from((0.0, 900.0, 900.0))))
@@ -178,9 +183,38 @@ def test_pilot_actions_respect_state(sc: tuple[Snapshot, Config]) -> None:
                 and NOW - p.started_at > cfg.policy.start_timeout_s)
         if isinstance(a, Unflag):
             assert p.key in snap.flagged
+            # bookkeeping: may come with a retire order or its withdrawal
+            seen[p.key] -= any(isinstance(b, Retire | Unretire) and b.pilot.key == p.key
+                               for b in result.actions)
         if isinstance(a, Flag):
             assert p.key not in snap.flagged
+        if isinstance(a, Retire):
+            assert p.state is PilotState.BUSY, "only busy pilots are retired"
+            assert p.key not in snap.retiring
+        if isinstance(a, Unretire):
+            assert p.key in snap.retiring
     assert all(n == 1 for n in seen.values()), "at most one action per pilot"
+
+
+@SETTINGS
+@given(scenarios())
+def test_no_pilot_is_retired_while_demand_waits_for_capacity(sc: tuple[Snapshot, Config]) -> None:
+    """A retire order stands only in a cycle that placed every idle job and reserve slot
+    on pilots already in the pool: no submission, nothing left over, no demand waiting
+    for a pending or starting pilot. In any other cycle every order is withdrawn."""
+    snap, cfg = sc
+    result = plan(snap, cfg, NOW)
+    retired = by_type(result, Retire)
+    withdrawn = {a.pilot.key for a in by_type(result, Unretire)}
+    standing = {k for k in snap.retiring if k not in withdrawn} | {a.pilot.key for a in retired}
+    alive = {p.key: p for p in snap.pilots}
+    known = {v.name for v in snap.sites if v.known}
+    waiting = result.submits or result.unplaced_jobs or (
+        result.reserve_jobs > result.reserve_held)
+    if waiting or not cfg.policy.retire_when_done:
+        assert not retired
+        assert all(alive[k].site not in known for k in standing
+                   if alive[k].state is PilotState.BUSY)
 
 
 @SETTINGS
