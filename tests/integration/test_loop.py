@@ -8,6 +8,7 @@ released, and nothing is left in squeue.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import time
@@ -19,7 +20,8 @@ import pytest
 from conftest import SITES, WORKERS, kill_pilot_processes, run, service_config, slurm
 from servicectl import Service, service_dir, write_config
 
-from provisioner.model import Flag, PilotState, Release, Submit, Unflag
+from provisioner.config import Config
+from provisioner.model import Flag, PilotState, Release, Retire, Submit, Unflag, Unretire
 from provisioner.service import CycleResult, Provisioner
 
 ALICE = Path("/home/alice")
@@ -167,7 +169,26 @@ def cycle_lines(logfile: Path) -> list[str]:
     return [line for line in logfile.read_text().splitlines() if " cycle " in line]
 
 
-def test_jobs_run_on_pilots_at_both_sites_then_pilots_are_released(service: Path) -> None:
+def no_retirement(data: dict) -> None:  # type: ignore[type-arg]
+    """Busy pilots are not told to leave when done: idle ones are flagged and released."""
+    data["policy"]["retire_when_done"] = False
+
+
+@pytest.fixture
+def releasing_service(clean: None, tmp_path: Path) -> Iterator[Path]:
+    """As `service`, without retirement: idle pilots are flagged, then released."""
+    svc = Service(write_config(service_dir(), no_retirement), tmp_path / "service.log")
+    svc.start()
+    try:
+        yield svc.log
+    finally:
+        svc.stop()
+        print(f"--- service log ---\n{svc.text()}")
+
+
+def test_jobs_run_on_pilots_at_both_sites_then_pilots_are_released(
+        releasing_service: Path) -> None:
+    service = releasing_service
     cluster = submit("eight", 8, 20)
     # Pilots at both sites within two cycles (gsi is capped at one 4-core pilot).
     wait_for("pilots at both sites", lambda: all(all_pilot_jobs().values()), 30)
@@ -190,8 +211,14 @@ def cycle(prov: Provisioner) -> CycleResult:
     return prov.run_cycle("test")
 
 
+def releasing_config() -> Config:
+    config = service_config()
+    policy = config.policy.model_copy(update={"retire_when_done": False})
+    return config.model_copy(update={"policy": policy})
+
+
 def test_flagged_pilot_is_unflagged_by_new_work_and_runs_it(clean: None) -> None:
-    prov = Provisioner(service_config())
+    prov = Provisioner(releasing_config())
     cluster = submit("first", 1, 1)
     first = cycle(prov)
     submits = [a for a in first.plan.actions if isinstance(a, Submit)]
@@ -245,6 +272,83 @@ def test_release_of_a_busy_pilot_is_refused_by_the_pilot(clean: None) -> None:
     cluster = submit("after", 1, 1)
     wait_for("the new job done on the same pilot", lambda: jobs_left(cluster) == 0, 90)
     assert_clean_completion("after", 1)
+
+
+END_RECORDS = Path("/var/log/pilots/end")  # the sites' runtime.log_dir + /end
+
+
+def end_record(key: str) -> dict[str, object]:
+    site, job_id = key.split("/")
+    return json.loads((END_RECORDS / f"{site}-{job_id}.json").read_text())
+
+
+def completions(cluster: str) -> dict[str, float]:
+    """Pilot key -> when the last of the cluster's jobs on it completed (history)."""
+    out: dict[str, float] = {}
+    for ad in htcondor.Schedd().history(constraint=f"ClusterId == {cluster}",
+                                        projection=["PilotSite", "PilotSlurmJobId",
+                                                    "MachineAttrPilotSite0",
+                                                    "MachineAttrPilotSlurmJobId0",
+                                                    "CompletionDate"]):
+        key = f"{ad['MachineAttrPilotSite0']}/{ad['MachineAttrPilotSlurmJobId0']}"
+        out[key] = max(out.get(key, 0.0), float(ad["CompletionDate"]))
+    return out
+
+
+def test_busy_pilots_retire_and_leave_as_their_jobs_end(service: Path) -> None:
+    """The product default: once the queue is empty, each busy pilot is told to leave
+    when its jobs end, and leaves by itself then (not a quick check and a release
+    later); no job is evicted."""
+    cluster = submit("retire", 6, 25)
+    wait_for("all 6 jobs done", lambda: jobs_left(cluster) == 0, 240, step=2)
+    assert_clean_completion("retire", 6)
+    wait_for("all pilots gone from squeue", lambda: not any(all_pilot_jobs().values()), 120)
+    log = "\n".join(cycle_lines(service))
+    retired = set(re.findall(r"retire (\w+/\d+)", log))
+    ran = completions(cluster)
+    assert retired and retired <= set(ran), (retired, ran, log)
+    for key in retired:
+        record = end_record(key)
+        assert record["reason"] == "retired", (key, record)
+        # it left by itself right after its last job: no release was needed
+        assert f"release {key}" not in log, log
+        print(f"{key}: left {float(record['end']) - ran[key]:.1f} s after its last job "
+              f"({record['cores']} cores)")
+    assert " ERROR " not in service.read_text(), service.read_text()
+
+
+def test_a_withdrawn_retirement_keeps_the_pilot(clean: None) -> None:
+    """Retire, then demand that needs new capacity: the order is withdrawn and the
+    pilot is still there after its job ended (a retiring one leaves within a second)."""
+    prov = Provisioner(service_config())
+    cluster = submit("long", 1, 40)
+    cycle(prov)
+    wait_for("the job running", lambda: htcondor.Schedd().query(
+        constraint=f"ClusterId == {cluster} && JobStatus == 2", projection=["ClusterId"]), 90)
+    result = cycle(prov)
+    retires = [a.pilot.key for a in result.plan.actions if isinstance(a, Retire)]
+    assert len(retires) == 1, result.plan.actions
+    key = retires[0]
+    site, job_id = key.split("/")
+    assert key in prov.controller.retiring
+    # A job too wide for the pilot's free room (the negotiator cannot take it there
+    # before the cycle looks): the cycle wants new capacity, so the order is withdrawn.
+    wide = submit("wide", 1, 5, extra=f'request_cpus = 4\nrequirements = PilotSite == "{site}"\n')
+    result = cycle(prov)
+    assert [a.pilot.key for a in result.plan.actions if isinstance(a, Unretire)] == [key], \
+        result.plan.actions
+    assert key not in prov.controller.retiring
+    wait_for("the long job done", lambda: jobs_left(cluster) == 0, 90)
+    time.sleep(5)  # a retiring pilot would have left by now
+    assert job_id in squeue_ids(site)
+    wait_for("the wide job done", lambda: jobs_left(wide) == 0, 240, step=2)
+    assert_clean_completion("long", 1)
+    assert_clean_completion("wide", 1)
+    slurm(site, ["scancel", "--batch", "--signal=TERM", job_id])
+    wait_for("the pilot gone", lambda: job_id not in squeue_ids(site), 60)
+    text = Path(f"/var/log/pilots/htcpilot-testbed-{site}-{job_id}.out").read_text()
+    assert "retire: leaving as soon as the running jobs end" in text, text
+    assert "retire withdrawn" in text, text
 
 
 def test_payload_does_not_see_the_pilot_accounts_home(clean: None) -> None:
