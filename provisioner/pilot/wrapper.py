@@ -10,7 +10,7 @@ shutdown (running jobs may retire until the walltime end); when the master ends
 it copies the logs back and exits. On USR1 (the provisioner's release, sent
 through SLURM) it drains its startd if, and only if, the startd is idle, then
 shuts down. On USR2 (retire) it does the same as soon as its running jobs have
-ended, taking jobs until then; WINCH withdraws that order. Whichever way it ends,
+ended, taking jobs until then; CONT withdraws that order. Whichever way it ends,
 its last act is its end record (provisioner.pilot.endrecord): when it started and
 ended, and why.
 
@@ -55,7 +55,7 @@ log = logging.getLogger("provisioner.pilot")
 SIGNAL_SLOP_S = 60
 #: Retire and its withdrawal (provisioner.sites.slurm_cli.RETIRE_SIGNAL, UNRETIRE_SIGNAL).
 RETIRE_SIGNAL = signal.SIGUSR2
-UNRETIRE_SIGNAL = signal.SIGWINCH
+UNRETIRE_SIGNAL = signal.SIGCONT
 #: How often a retiring pilot looks (in /proc) whether its jobs have ended.
 RETIRE_POLL_S = 1.0
 STARTER = "condor_starter"

@@ -64,10 +64,12 @@ STATE_TABLE: dict[str, SiteJobState | None] = {
 
 #: The signal that asks a pilot to leave if idle (see provisioner.pilot.wrapper).
 RELEASE_SIGNAL = "USR1"
-#: Leave when the running jobs end; and its withdrawal. WINCH is ignored by default, so a
-#: withdrawal that reaches a process without a handler does no harm.
+#: Leave when the running jobs end; and its withdrawal: a signal scancel knows by name
+#: whose default action (on a process that is not stopped) is to be ignored, so one that
+#: reaches a process without a handler does no harm. (SLURM also sends CONT when it
+#: resumes a suspended job: then the pilot merely stays until it is released.)
 RETIRE_SIGNAL = "USR2"
-UNRETIRE_SIGNAL = "WINCH"
+UNRETIRE_SIGNAL = "CONT"
 
 _UNREACHABLE = re.compile(r"unable to contact slurm controller|connection refused|"
                           r"slurm_load_jobs error|cannot connect|zero bytes were transmitted",
@@ -289,7 +291,7 @@ class SlurmCliBackend:
         self._scancel(job_id, "--batch", f"--signal={RELEASE_SIGNAL}")
 
     def retire(self, job_id: str, retire: bool = True) -> None:
-        """scancel --batch --signal=USR2 (retire) or WINCH (withdraw): to the batch shell,
+        """scancel --batch --signal=USR2 (retire) or CONT (withdraw): to the batch shell,
         which is the pilot wrapper (provisioner.pilot.wrapper, which names the same
         signals)."""
         signal = RETIRE_SIGNAL if retire else UNRETIRE_SIGNAL

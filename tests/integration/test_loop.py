@@ -331,9 +331,12 @@ def test_a_withdrawn_retirement_keeps_the_pilot(clean: None) -> None:
     key = retires[0]
     site, job_id = key.split("/")
     assert key in prov.controller.retiring
-    # A job too wide for the pilot's free room (the negotiator cannot take it there
-    # before the cycle looks): the cycle wants new capacity, so the order is withdrawn.
-    wide = submit("wide", 1, 5, extra=f'request_cpus = 4\nrequirements = PilotSite == "{site}"\n')
+    # A job as wide as the whole pilot, so not for its free room (the negotiator cannot
+    # take it there before the cycle looks): the cycle wants new capacity, so the order
+    # is withdrawn; once the long job ends the pilot, still there, runs it.
+    cores = next(p.cpus for p in prov.observe().snapshot.pilots if p.key == key)
+    wide = submit("wide", 1, 5,
+                  extra=f'request_cpus = {cores}\nrequirements = PilotSite == "{site}"\n')
     result = cycle(prov)
     assert [a.pilot.key for a in result.plan.actions if isinstance(a, Unretire)] == [key], \
         result.plan.actions
@@ -341,7 +344,8 @@ def test_a_withdrawn_retirement_keeps_the_pilot(clean: None) -> None:
     wait_for("the long job done", lambda: jobs_left(cluster) == 0, 90)
     time.sleep(5)  # a retiring pilot would have left by now
     assert job_id in squeue_ids(site)
-    wait_for("the wide job done", lambda: jobs_left(wide) == 0, 240, step=2)
+    wait_for("the wide job done", lambda: jobs_left(wide) == 0, 90, step=2)
+    assert completions(wide) == {key: completions(wide)[key]}  # on that pilot
     assert_clean_completion("long", 1)
     assert_clean_completion("wide", 1)
     slurm(site, ["scancel", "--batch", "--signal=TERM", job_id])

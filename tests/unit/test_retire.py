@@ -58,7 +58,7 @@ def test_orders_are_signals_to_the_batch_shell_that_the_wrapper_handles() -> Non
     b.retire("12", False)
     b.release("12")
     assert ex.argvs == [["scancel", "--batch", "--signal=USR2", "12"],
-                        ["scancel", "--batch", "--signal=WINCH", "12"],
+                        ["scancel", "--batch", "--signal=CONT", "12"],
                         ["scancel", "--batch", "--signal=USR1", "12"]]
     assert signal.Signals[f"SIG{RETIRE_SIGNAL}"] is wrapper.RETIRE_SIGNAL
     assert signal.Signals[f"SIG{UNRETIRE_SIGNAL}"] is wrapper.UNRETIRE_SIGNAL
@@ -147,7 +147,7 @@ def test_a_retired_pilot_leaves_when_its_job_ends_not_before(tmp_path: Path) -> 
 def test_a_withdrawn_retirement_stays(tmp_path: Path) -> None:
     p = Watched(tmp_path)
     p.on_retire(signal.SIGUSR2, None)
-    p.on_unretire(signal.SIGWINCH, None)
+    p.on_unretire(signal.SIGCONT, None)
     p.job_ends()
     assert not p.checked.wait(0.3)
     p.finish()
