@@ -150,9 +150,9 @@ class PolicyConfig(_Model):
     #: Jobs expected soon are the reserve's business, not this hysteresis'.
     idle_release_cycles: int = Field(default=1, ge=1)
     min_pilot_lifetime_s: float = Field(default=0, ge=0)
-    #: A busy pilot whose free room nothing needs (the cycle places every idle job and
-    #: the reserve on pilots already in the pool, and submits none) is asked to leave as
-    #: soon as its running jobs end; it still takes jobs until then. The order is
+    #: A busy pilot whose free room nothing needs (the cycle places every idle job on
+    #: pilots already in the pool, submits none and expects no arrival: no reserve) is
+    #: asked to leave as soon as its running jobs end; it still takes jobs until then. The order is
     #: withdrawn when demand returns. False: busy pilots are released only once observed
     #: idle (up to one quick check later).
     retire_when_done: bool = True

@@ -345,12 +345,13 @@ def plan(snapshot: Snapshot, config: Config, now: float) -> Plan:
     used = {p.key for g in registry if g.jobs > 0 for p in g.members}
     used |= {key for key, name in late.items() if name in wanted}
     site_ok = {name: s.known for name, s in sites.items()}
-    # every idle job and reserve slot sits in the free room of pilots already in the pool
-    spare = (not actions and not any(r.left for r in everything)
+    # every idle job sits in the free room of pilots already in the pool, and no arrival
+    # is expected (the reserve would want the room the busy pilots' jobs leave behind)
+    reserve = sum(r.jobs for r in ghosts)
+    spare = (not actions and not reserve and not any(r.left for r in rows)
              and not any(p.key in used for p in snapshot.pilots
                          if p.state in (PilotState.PENDING, PilotState.STARTING)))
     down, unneeded = pilot_actions(snapshot, config, now, used, site_ok, bool(actions), spare)
-    reserve = sum(r.jobs for r in ghosts)
     return Plan(
         actions=tuple(actions + down),
         unmatchable=tuple(unmatchable),

@@ -6,10 +6,10 @@ permitting); flagged pilots that are busy again or received demand are unflagged
 pilots without assigned demand are cancelled (keep_warm permitting; not a half-open site's
 probe); pilots running at
 their site whose startd never joined the pool within `start_timeout_s` are cancelled.
-BUSY pilots whose free room nothing needs, in a cycle that places all demand and reserve
-on pilots already in the pool, are retired (`policy.retire_when_done`): they leave when
-their running jobs end instead of a quick check later; the order is withdrawn when that no
-longer holds.
+BUSY pilots whose free room nothing needs, in a cycle that places all demand on pilots
+already in the pool and expects no arrival (no reserve), are retired
+(`policy.retire_when_done`): they leave when their running jobs end instead of a quick
+check later; the order is withdrawn when that no longer holds.
 """
 
 from __future__ import annotations
@@ -64,8 +64,8 @@ def pilot_actions(
     pending pilots no demand needed this cycle. `used`: pilots that received demand (or
     reserve) or must be kept for it; `submitting`: this cycle submits new pilots (then no
     pending pilot is cancelled: it would be replaced by an equivalent one); `spare`: the
-    cycle placed every idle job and the reserve on pilots already in the pool and submits
-    none (then busy pilots nothing needs are retired)."""
+    cycle placed every idle job on pilots already in the pool, submits none and keeps no
+    reserve (then busy pilots nothing needs are retired)."""
     out: list[Action] = []
     unneeded: list[str] = []
     cancel_after = config.policy.placement.pending_cancel_cycles

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from provisioner.config import ReserveConfig
 from provisioner.model import JobShape, PilotState, Snapshot, Submit, Unretire
 from provisioner.plan import plan
 
@@ -108,3 +109,15 @@ def test_no_order_at_an_unknown_site() -> None:
     busy = pilot("1", PilotState.BUSY)
     s = snap([(BIG, 1)], [busy], unknown=("gsi",))
     assert kinds(plan(retiring(s, "gsi/1"), config(), NOW), "gsi/1") == []
+
+
+def test_expected_arrivals_keep_busy_pilots() -> None:
+    """The reserve wants the room the busy pilot's jobs will leave: no retirement."""
+    busy = pilot("1", PilotState.BUSY)
+    cfg = config(reserve=ReserveConfig(enabled=True, window_s=900, lead_s=240, factor=1.0,
+                                       max_jobs=64))
+    result = plan(snap([], [busy], arrivals=[(ONE, 30)]), cfg, NOW)
+    assert result.reserve_jobs > 0
+    assert kinds(result, "gsi/1") == []
+    # no arrivals: retired
+    assert kinds(plan(snap([], [busy]), cfg, NOW), "gsi/1") == ["Retire"]
