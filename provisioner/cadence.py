@@ -33,6 +33,7 @@ class CycleMark:
     flagged: int = 0  # pilots left flagged (waiting for their next idle observation)
     unplaced: int = 0  # idle jobs the cycle could not provision for (caps)
     reserve: int = 0  # reserve job slots the cycle wanted (Plan.reserve_jobs)
+    joining: int = 0  # pilots on their way into the pool (pending, starting, submitted)
 
 
 def cycle_due(now: float, probe: Probe, last: CycleMark | None, policy: PolicyConfig,

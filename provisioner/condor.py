@@ -321,6 +321,13 @@ class Pool:
             raise PoolUnreachable(f"schedd summary query failed: {exc}") from exc
         return sum(_int(ad, "AllusersIdle", _int(ad, "Idle")) for ad in ads)
 
+    def reschedule(self) -> None:
+        """Ask the schedd to ask the negotiator for a cycle now (condor_reschedule)."""
+        try:
+            self._schedd().reschedule()
+        except Exception as exc:
+            raise PoolUnreachable(f"schedd reschedule failed: {exc}") from exc
+
     def pilot_ads(self) -> dict[str, PilotAd]:
         """This provisioner's pilot startds: one collector query."""
         try:

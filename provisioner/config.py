@@ -145,6 +145,11 @@ class PolicyConfig(_Model):
     #: No two cycles closer than this, less a tenth of a quick check (timer slack,
     #: `provisioner.cadence.SLACK`), except when the interval has passed.
     min_cycle_gap_s: float = Field(default=5, ge=0)
+    #: While pilots are on their way into the pool and jobs wait, the pilots' ads are
+    #: read this often (one collector query), and a pilot seen idle that was not before
+    #: asks the schedd for a negotiation at once (condor_reschedule) rather than waiting
+    #: for the negotiator's next cycle (NEGOTIATOR_INTERVAL, 60 s by default). 0: off.
+    join_check_s: float = Field(default=2, ge=0)
     #: Cycles an idle pilot without demand or reserve is seen idle before it is released
     #: (1: at the first; 2: flagged, then released at the next quick check if still idle).
     #: Jobs expected soon are the reserve's business, not this hysteresis'.
@@ -172,6 +177,18 @@ class PolicyConfig(_Model):
     reserve: ReserveConfig = ReserveConfig()
     placement: PlacementConfig = PlacementConfig()
     breaker: BreakerConfig = BreakerConfig()
+
+    @model_validator(mode="after")
+    def _join_check_within_quick_check(self) -> PolicyConfig:
+        if self.join_check_s > self.quick_check_s:
+            raise PydanticCustomError(
+                "join_check",
+                "join_check_s {value} exceeds quick_check_s {quick}: joining pilots would "
+                "be looked for less often than by the quick check itself",
+                {"field": "join_check_s", "value": self.join_check_s,
+                 "quick": self.quick_check_s},
+            )
+        return self
 
     @model_validator(mode="after")
     def _quick_check_within_interval(self) -> PolicyConfig:

@@ -10,6 +10,10 @@ against its virtual world, so both run the very same cycle.
 
 Contract of one cycle, in order:
 
+0. At every timer tick (`check_period()`), ``controller.look(now)`` says what to read:
+   pilot ads (and, for "probe", the idle job count); ``controller.reschedule_due(...)``
+   says whether to ask the schedd for a negotiation (a pilot joined while jobs wait).
+   Only a "probe" goes on:
 1. ``reason = controller.due(now, probe)``: whether a full cycle runs now ("" = not).
 2. ``since = controller.arrivals_since(now)``: the start of the arrival window to query
    (None: the reserve is off, do not query arrivals).
@@ -34,10 +38,19 @@ from typing import Any
 
 from provisioner.arrivals import QueueHistory, departures
 from provisioner.breaker import SiteBreakers
-from provisioner.cadence import CycleMark, Probe, cycle_due
+from provisioner.cadence import SLACK, CycleMark, Probe, cycle_due
 from provisioner.config import Config
 from provisioner.estimates import Estimates
-from provisioner.model import Action, Cancel, PilotState, Plan, Retire, Snapshot, Unretire
+from provisioner.model import (
+    Action,
+    Cancel,
+    PilotState,
+    Plan,
+    Retire,
+    Snapshot,
+    Submit,
+    Unretire,
+)
 from provisioner.plan import carry_over, plan
 from provisioner.scaledown import drained_empty
 from provisioner.stuck import StuckGroups
@@ -92,6 +105,8 @@ class Controller:
     releases: dict[str, ReleaseMark] = field(default_factory=dict)
     mark: CycleMark | None = None
     probed: Probe | None = None  # the last quick check's probe
+    probed_at: float | None = None  # when it was taken
+    seen_idle: frozenset[str] = frozenset()  # idle pilots a negotiation was asked for
     history: QueueHistory = field(init=False)
     estimates: Estimates = field(init=False)
     breakers: SiteBreakers = field(init=False)
@@ -136,8 +151,40 @@ class Controller:
     # -- cadence -----------------------------------------------------------------------
     def due(self, now: float, probe: Probe) -> str:
         """Why a full cycle is due at `now` given the cheap `probe`, or ""."""
-        previous, self.probed = self.probed, probe
+        previous, self.probed, self.probed_at = self.probed, probe, now
         return cycle_due(now, probe, self.mark, self.config.policy, previous)
+
+    # -- pilots joining --------------------------------------------------------------------
+    def look(self, now: float) -> str:
+        """What to read at this timer tick: "probe" (the quick check: idle jobs and
+        pilot ads, then `reschedule_due` and `due`), "join" (pilot ads only, then
+        `reschedule_due`) or "" (nothing)."""
+        period = self.config.policy.quick_check_s
+        if self.probed_at is None or now - self.probed_at >= period * (1 - SLACK):
+            return "probe"
+        return "join" if self.watching() else ""
+
+    def watching(self) -> bool:
+        """Whether pilots are on their way into the pool while jobs wait: then their ads
+        are read every `join_check_s`, between quick checks."""
+        idle_jobs = self.probed.idle_jobs if self.probed is not None else 0
+        return (self.config.policy.join_check_s > 0 and self.mark is not None
+                and self.mark.joining > 0 and max(idle_jobs, self.mark.idle_jobs) > 0)
+
+    def check_period(self) -> float:
+        """Seconds to the next check: `join_check_s` while watching, else
+        `quick_check_s`."""
+        policy = self.config.policy
+        return policy.join_check_s if self.watching() else policy.quick_check_s
+
+    def reschedule_due(self, idle_pilots: frozenset[str], idle_jobs: int | None) -> bool:
+        """Whether to ask for a negotiation now: a pilot is idle that was not at the last
+        look, while jobs wait (`idle_jobs` None: not counted at this look; the last
+        count stands). Each pilot that becomes idle counts once."""
+        if idle_jobs is None:
+            idle_jobs = self.probed.idle_jobs if self.probed is not None else 0
+        new, self.seen_idle = idle_pilots - self.seen_idle, idle_pilots
+        return (self.config.policy.join_check_s > 0 and bool(new) and idle_jobs > 0)
 
     # -- the reserve's window ----------------------------------------------------------
     def window(self, now: float) -> float:
@@ -262,7 +309,7 @@ class Controller:
                 p.key for p in snapshot.pilots if p.state is PilotState.IDLE),
             # drained pilots await their next observation as flagged ones do
             flagged=len(self.flagged) + len(self.drained), unplaced=result.unplaced_jobs,
-            reserve=result.reserve_jobs)
+            reserve=result.reserve_jobs, joining=_joining(snapshot, result))
         self.cycles += 1
 
     # -- submissions and releases --------------------------------------------------------
@@ -312,3 +359,12 @@ class Controller:
     def cancelled(self, key: str) -> None:
         """The SLURM job of released pilot `key` was cancelled: stop following it."""
         self.releases.pop(key, None)
+
+
+def _joining(snapshot: Snapshot, result: Plan) -> int:
+    """Pilots on their way into the pool after this cycle: pending or starting ones not
+    cancelled, and those just submitted."""
+    cancelled = {a.pilot.key for a in result.actions if isinstance(a, Cancel)}
+    return (sum(1 for p in snapshot.pilots if p.key not in cancelled
+                and p.state in (PilotState.PENDING, PilotState.STARTING))
+            + sum(a.count for a in result.actions if isinstance(a, Submit)))

@@ -42,6 +42,9 @@ SERIES: dict[str, tuple[str, tuple[str, ...], str]] = {
     P + "cycle_phase_seconds": ("histogram", ("phase",),
                                 "Duration of a cycle's phase (observe, plan, act)"),
     P + "cycles_total": ("counter", (), "Full cycles run"),
+    P + "negotiations_requested_total": ("counter", (), "Negotiations asked of the schedd "
+                                         "(condor_reschedule) because a pilot joined idle "
+                                         "while jobs waited"),
     P + "last_cycle_timestamp_seconds": ("gauge", (), "When the last full cycle began"),
     P + "site_read_errors_total": ("counter", ("site",), "Failed squeue reads of a site"),
     P + "site_circuit_state": ("gauge", ("site",),

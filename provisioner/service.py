@@ -360,8 +360,14 @@ class Provisioner:
             "actions": [[text, outcome] for text, outcome in cycle.outcomes]})
 
     def tick(self) -> CycleResult | None:
-        """The cheap check; runs a full cycle when cadence says one is due."""
+        """The cheap check (every `quick_check_s`); runs a full cycle when cadence says one
+        is due. Between quick checks, while pilots are joining, only the join check."""
         now = self.clock()
+        look = self.controller.look(now)
+        if look != "probe":
+            if look == "join":
+                self._join_check()
+            return None
         try:
             idle = self.pool.idle_count()
             idle_pilots = idle_ad_keys(self.pool.pilot_ads())
@@ -371,10 +377,33 @@ class Provisioner:
             mark = self.controller.mark
             if mark is not None and now - mark.at < self.config.policy.interval_s:
                 return None
+        else:
+            self._negotiate_if_joined(idle_pilots, idle)
         reason = self.controller.due(now, Probe(idle, idle_pilots))
         if not reason:
             return None
         return self.run_cycle(reason, now=now)
+
+
+    def _join_check(self) -> None:
+        try:
+            idle_pilots = idle_ad_keys(self.pool.pilot_ads())
+        except PoolUnreachable as exc:
+            log.debug("join check failed: %s", exc)
+            return
+        self._negotiate_if_joined(idle_pilots, None)
+
+    def _negotiate_if_joined(self, idle_pilots: frozenset[str], idle_jobs: int | None) -> None:
+        """A pilot became idle while jobs wait: ask for a negotiation now."""
+        if not self.controller.reschedule_due(idle_pilots, idle_jobs):
+            return
+        try:
+            self.pool.reschedule()
+        except PoolUnreachable as exc:
+            log.warning("could not ask for a negotiation: %s", exc)
+            return
+        self.metrics.count("negotiations_requested")
+        log.info("pilot(s) idle while jobs wait: negotiation asked for")
 
 
 def run_forever(prov: Provisioner) -> None:
@@ -389,7 +418,9 @@ def run_forever(prov: Provisioner) -> None:
         except Exception:  # one bad cycle must never stop the service
             log.exception("cycle failed; the next one runs as scheduled")
 
-    sched.add_job(job, "interval", seconds=prov.config.policy.quick_check_s,
+    policy = prov.config.policy
+    # the quick check's period, or the join check's (tick() sees which is due)
+    sched.add_job(job, "interval", seconds=policy.join_check_s or policy.quick_check_s,
                   max_instances=1, coalesce=True)
     log.info("provisioner %s: %d site(s), interval %.0f s, quick check %.0f s",
              prov.config.pool.provisioner_id, len(prov.config.sites),

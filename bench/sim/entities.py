@@ -35,7 +35,11 @@ class Policy(Protocol):
     """Decides pilots. `tick` is called every `tick_s` seconds of virtual time."""
 
     name: str
-    tick_s: float
+
+    @property
+    def tick_s(self) -> float:
+        """Seconds to the next tick (read again after every tick)."""
+        ...
 
     def tick(self, world: World, now: float) -> list[Action]: ...
 

@@ -1,8 +1,9 @@
 """Pilot policies for the simulator: ours (`plan()`), and the two baselines sites use today.
 
 - `PlanPolicy`: the service's decision core, `provisioner.controller.Controller`, called
-  exactly as the service calls it: a cheap probe every `quick_check_s`, a full cycle when
-  the controller says one is due, on a snapshot of the world.
+  exactly as the service calls it: a cheap probe every `quick_check_s` (the pilots' ads
+  every `join_check_s` while pilots join, asking for a negotiation when one joins while
+  jobs wait), a full cycle when the controller says one is due, on a snapshot of the world.
 - `PrototypePolicy`: the original loop. Every 300 s: if any job is idle, submit one
   whole-node pilot at the first site (by weight) below its pilot cap; idle pilots are flagged,
   and released in the next cycle if still idle.
@@ -30,19 +31,29 @@ class PlanPolicy:
     def __init__(self, config: Config, name: str = "ours") -> None:
         self.name = name
         self.config = config
-        self.tick_s = config.policy.quick_check_s
         self.controller = Controller(config)
         self._submitted = 0  # world.all_pilots already told to the controller
+
+    @property
+    def tick_s(self) -> float:
+        """The service's timer: the quick check, or the join check while pilots join."""
+        return self.controller.check_period()
 
     def tick(self, world: World, now: float) -> list[Action]:
         # As the service does right after sbatch: the circuit breaker follows new pilots
         # from their submission (one that starts and dies between two cycles counts).
         self.controller.submitted(p.key for p in world.all_pilots[self._submitted:])
         self._submitted = len(world.all_pilots)
+        look = self.controller.look(now)
+        if not look:
+            return []
         idle_pilots = frozenset(
             p.key for p in world.pilots.values() if p.booted and not p.draining and not p.jobs
         )
-        if not self.controller.due(now, Probe(world.idle_jobs(), idle_pilots)):
+        idle = world.idle_jobs() if look == "probe" else None
+        if self.controller.reschedule_due(idle_pilots, idle):
+            world.reschedule()
+        if idle is None or not self.controller.due(now, Probe(idle, idle_pilots)):
             return []
         since = self.controller.arrivals_since(now)
         snap = world.snapshot(arrivals_since=since)

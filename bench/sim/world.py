@@ -6,7 +6,8 @@ and returns the same `Action`s the service applies.
 
 Pilots behave like the real ones: SLURM queue wait (lognormal, per site), then the
 allocation starts and is charged; the startd boots for `boot_s` and then offers one
-partitionable slot. The negotiator runs every `negotiate_s`: jobs in submission order, each
+partitionable slot. The negotiator runs every `negotiate_s`, and when asked
+(`reschedule`, at most every `negotiate_min_s`): jobs in submission order, each
 to the fitting pilot with the fewest free cores (depth first). A pilot starts a job that
 states a runtime only if it ends before the walltime; one that states none only before the
 shutdown margin. From the margin on the pilot takes no such jobs and ends when empty. A
@@ -52,11 +53,15 @@ class World:
     """The simulated sites and pool. Build one per run."""
 
     def __init__(self, sites: Iterable[SiteModel], config: Config, seed: int,
-                 negotiate_s: float = 30.0, sample_s: float = 300.0) -> None:
+                 negotiate_s: float = 30.0, sample_s: float = 300.0,
+                 negotiate_min_s: float = 5.0) -> None:
         self.sites = {s.name: s for s in sites}
         self.config = config
         self.rng = random.Random(seed)
         self.negotiate_s = negotiate_s
+        self.negotiate_min_s = negotiate_min_s  # NEGOTIATOR_MIN_INTERVAL
+        self._negotiated_at = -math.inf
+        self._asked = False  # a reschedule waits for the minimum interval
         self.sample_s = sample_s
         self.now = 0.0
         self._events: list[tuple[float, int, str, object]] = []
@@ -252,7 +257,15 @@ class World:
         job.end = self.now
         self.claimed_core_s += core_s
 
+    def reschedule(self) -> None:
+        """condor_reschedule: a negotiation now, or once the minimum interval since the
+        last one has passed (the periodic cycle goes on as before)."""
+        if not self._asked:
+            self._asked = True
+            self._at(max(self.now, self._negotiated_at + self.negotiate_min_s), "rescheduled")
+
     def negotiate(self) -> None:
+        self._negotiated_at = self.now
         avail = [p for p in self.pilots.values()
                  if p.booted and not p.draining and p.used_cpus < p.cpus]
         if not avail or not self.queue:
@@ -344,6 +357,9 @@ class World:
             elif kind == "negotiate":
                 self.negotiate()
                 self._at(t + self.negotiate_s, "negotiate")
+            elif kind == "rescheduled":
+                self._asked = False
+                self.negotiate()
             elif kind == "tick":
                 self.apply(policy.tick(self, t))
                 if t < end_of_trace or self.queue or self.pilots:

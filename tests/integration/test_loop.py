@@ -317,6 +317,27 @@ def test_busy_pilots_retire_and_leave_as_their_jobs_end(service: Path) -> None:
     assert " ERROR " not in service.read_text(), service.read_text()
 
 
+SCHEDD_LOG = Path("/var/log/condor/SchedLog")
+
+
+def test_a_pilot_that_joins_while_jobs_wait_asks_for_a_negotiation(service: Path) -> None:
+    """The service reads the pilots' ads every join_check_s while they join; when one
+    is in the pool, idle, while jobs wait, it asks the schedd for a negotiation (which
+    the schedd accepts from the provisioner's identity) instead of leaving the jobs to
+    the negotiator's next cycle."""
+    before = SCHEDD_LOG.stat().st_size
+    cluster = submit("joined", 2, 5)
+    wait_for("both jobs done", lambda: jobs_left(cluster) == 0, 180, step=2)
+    assert_clean_completion("joined", 2)
+    assert "negotiation asked for" in service.read_text(), service.read_text()
+    with SCHEDD_LOG.open() as f:
+        f.seek(before)
+        log = f.read()
+    asked = [line for line in log.splitlines()
+             if "command 421 (RESCHEDULE) from provisioner@testbed" in line]
+    assert asked, log[-3000:]
+
+
 def test_a_withdrawn_retirement_keeps_the_pilot(clean: None) -> None:
     """Retire, then demand that needs new capacity: the order is withdrawn and the
     pilot is still there after its job ended (a retiring one leaves within a second)."""

@@ -26,6 +26,7 @@ class FakePool:
     runs: list[JobRun] = field(default_factory=list)  # the schedd's history
     history_fail: bool = False
     history_calls: list[float] = field(default_factory=list)
+    reschedules: int = 0  # negotiations asked for
 
     def queue(self, arrivals_since: float | None = None) -> QueueView:
         if self.fail:
@@ -47,6 +48,9 @@ class FakePool:
 
     def idle_count(self) -> int:
         return sum(d.idle for d in self.demand)
+
+    def reschedule(self) -> None:
+        self.reschedules += 1
 
 
 @dataclass

@@ -1,0 +1,110 @@
+"""Pilots joining: while pilots are on their way into the pool and jobs wait, the service
+reads the pilots' ads every `join_check_s` and asks the schedd for a negotiation when one
+joins idle, instead of leaving the jobs to the negotiator's next cycle. The controller
+decides; the service and the simulator follow it."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.sim.scenarios import default_config, default_sites
+from bench.sim.world import World
+from provisioner.cadence import Probe
+from provisioner.config import ConfigError, PolicyConfig, parse_config
+from provisioner.controller import Controller
+from provisioner.model import Demand, JobShape, PilotState
+from tests.unit.test_service_act import idle_ad, make_world, running_job
+
+from .helpers import NOW, config, pilot, snap
+
+ONE = JobShape(1, 2000)
+
+
+def joined_controller(join_check_s: float = 2) -> Controller:
+    cfg = config()
+    cfg = cfg.model_copy(update={"policy": cfg.policy.model_copy(
+        update={"join_check_s": join_check_s})})
+    return Controller(cfg)
+
+
+def c_probe(idle_jobs: int, idle_pilots: frozenset[str] = frozenset()) -> Probe:
+    return Probe(idle_jobs, idle_pilots)
+
+
+def test_the_quick_check_comes_first_then_join_checks_only_while_pilots_join() -> None:
+    c = joined_controller()
+    assert c.look(NOW) == "probe"
+    c.due(NOW, c_probe(3))
+    assert c.look(NOW + 2) == ""  # no cycle yet: nothing is known to be joining
+    c.cycle(snap([(ONE, 3)]), NOW)  # submits a pilot for the waiting jobs
+    assert c.mark is not None and c.mark.joining == 1
+    assert c.watching() and c.check_period() == 2
+    assert c.look(NOW + 2) == "join"
+    assert c.look(NOW + 9.5) == "probe"  # within the timer's slack of a quick check
+    # the pilot is in the pool and busy, no job waits: back to the quick check alone
+    busy = pilot("1", PilotState.BUSY)
+    c.due(NOW + 10, c_probe(0))
+    c.cycle(snap([], [busy]), NOW + 10)
+    assert not c.watching() and c.check_period() == 10 and c.look(NOW + 12) == ""
+
+
+def test_a_negotiation_is_asked_for_once_per_pilot_that_joins_while_jobs_wait() -> None:
+    c = joined_controller()
+    c.due(NOW, c_probe(3))
+    assert not c.reschedule_due(frozenset(), None)
+    assert c.reschedule_due(frozenset({"gsi/1"}), None)  # the last count: 3 idle jobs
+    assert not c.reschedule_due(frozenset({"gsi/1"}), 3)  # the same pilot: once
+    assert c.reschedule_due(frozenset({"gsi/1", "gsi/2"}), 3)
+    assert not c.reschedule_due(frozenset({"gsi/3"}), 0)  # nothing waits
+    assert not joined_controller(0).reschedule_due(frozenset({"gsi/1"}), 3)  # off
+
+
+def test_join_check_cannot_be_slower_than_the_quick_check() -> None:
+    with pytest.raises(ValueError, match="join_check_s 20"):
+        PolicyConfig(join_check_s=20)
+    with pytest.raises(ConfigError, match="join_check_s"):
+        parse_config("pool: {collector: cm}\npolicy: {join_check_s: 20}\nsites: []\n", "t.yaml")
+
+
+def test_the_service_reads_only_ads_between_quick_checks_and_asks_for_a_negotiation(
+        ) -> None:
+    prov, pool, backends, clock = make_world()
+    pool.demand = (Demand(ONE, 3),)
+    cycle = prov.tick()  # the first quick check: a cycle that submits pilots
+    assert cycle is not None and cycle.plan.submits
+    assert prov.controller.look(clock.t + 2) == "join"
+    backends["gsi"].jobs = [running_job("101")]
+    calls: list[str] = []
+    pool_idle_count = pool.idle_count
+
+    def counted() -> int:
+        calls.append("idle_count")
+        return pool_idle_count()
+
+    pool.idle_count = counted  # type: ignore[method-assign]
+    clock.t += 2
+    assert prov.tick() is None and pool.reschedules == 0 and calls == []
+    pool.ads = {"gsi/101": idle_ad("101")}  # the pilot joined
+    clock.t += 2
+    assert prov.tick() is None
+    assert pool.reschedules == 1 and calls == []  # ads only, no schedd count
+    clock.t += 2
+    prov.tick()
+    assert pool.reschedules == 1  # once per pilot
+
+
+def test_the_simulated_negotiator_runs_when_asked_but_not_before_its_minimum_interval(
+        ) -> None:
+    sites = default_sites()
+    world = World(sites, default_config(sites), seed=1, negotiate_s=30, negotiate_min_s=5)
+    runs: list[float] = []
+    world.negotiate = lambda: runs.append(world.now)  # type: ignore[method-assign]
+    world._negotiated_at = 100.0
+    world.now = 102.0
+    world.reschedule()
+    world.reschedule()  # one request pending at a time
+    assert len(world._events) == 1
+    t, _seq, kind, _ = world._events[0]
+    assert (t, kind) == (105.0, "rescheduled")
+
+
