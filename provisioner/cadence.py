@@ -44,7 +44,8 @@ def cycle_due(now: float, probe: Probe, last: CycleMark | None, policy: PolicyCo
     `min_cycle_gap_s` after the last cycle, demand rose (more idle jobs), a pilot became
     idle that the last cycle or the `previous` probe did not see idle (a pilot idle at the
     last cycle that ran jobs since and is idle again), the queue emptied while the last
-    cycle left pilots idle (kept for jobs that have started since), or - once
+    cycle left pilots idle or on their way into the pool (kept or submitted for jobs that
+    have started since: busy pilots that nothing else needs may retire), or - once
     `quick_check_s` has passed -
     flagged pilots await confirmation (hysteresis costs seconds, not a full interval) or
     the last cycle left demand unprovisioned because of caps. With a reserve, a pilot the
@@ -71,7 +72,7 @@ def cycle_due(now: float, probe: Probe, last: CycleMark | None, policy: PolicyCo
     if probe.idle_pilots - last.idle_pilots or (
             previous is not None and probe.idle_pilots - previous.idle_pilots):
         return "pilot became idle"
-    if last.idle_pilots and last.idle_jobs and not probe.idle_jobs:
+    if (last.idle_pilots or last.joining) and last.idle_jobs and not probe.idle_jobs:
         return "queue emptied"
     if last.reserve and last.idle_pilots - probe.idle_pilots:
         return "reserve drawn on"

@@ -80,6 +80,9 @@ def test_a_pilot_idle_again_after_jobs_is_seen_at_the_next_check() -> None:
                      Probe(1, frozenset({"a/1"}))) == "queue emptied"
     nothing_kept = CycleMark(at=1000, idle_jobs=4)
     assert cycle_due(1020, Probe(0), nothing_kept, pol, Probe(1)) == ""
+    # pilots submitted for the jobs joined and took them all between two checks
+    joined = CycleMark(at=1000, idle_jobs=4, joining=1)
+    assert cycle_due(1020, Probe(0), joined, pol, Probe(4)) == "queue emptied"
 
 
 def test_the_controller_remembers_the_last_probe() -> None:
