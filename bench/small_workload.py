@@ -11,14 +11,17 @@ is reported, never asserted. deploy/testbed/smallload.py runs it and feeds this 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import statistics
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from provisioner.accounting import JobRun, PilotRecord, percentile, site_days
 from provisioner.config import PolicyConfig
+from provisioner.pilot import endrecord
 
 TARGET_EFFICIENCY = 0.80
 TARGET_WAIT_P95_S = 40.0
@@ -88,6 +91,26 @@ class RunResult:
         p95 = self.wait(95)
         return (not self.error and self.efficiency is not None and p95 is not None
                 and self.efficiency >= TARGET_EFFICIENCY and p95 <= TARGET_WAIT_P95_S)
+
+
+def with_recorded_ends(pilots: Sequence[PilotRecord], provisioner_id: str,
+                       end_dir: Path) -> list[PilotRecord]:
+    """The journal's pilots, each that the service did not see end (it stopped first)
+    ended when its own end record in `end_dir` says: otherwise it would count as
+    allocated until the figures are taken. A bad record is reported and left out."""
+    out = []
+    for p in pilots:
+        path = end_dir / endrecord.file_name(p.site, p.job_id)
+        if p.end_at is None and p.start_at is not None and path.exists():
+            try:
+                rec = endrecord.parse(path.read_text(), p.site, p.job_id, provisioner_id)
+            except endrecord.BadEndRecord as exc:
+                print(f"   {path}: {exc}; the pilot counts as running until now")
+            else:
+                p = dataclasses.replace(p, end_at=rec.end_at, end_source="record",
+                                        end_reason=rec.reason)
+        out.append(p)
+    return out
 
 
 def measure(run: int, offset_s: float, pilots: Sequence[PilotRecord],

@@ -6,8 +6,8 @@ log in a fresh /var/tmp directory); a random offset after its first cycle (withi
 quick check; seeded by --seed and the run number), then alice submits 8 one-minute
 jobs, six minutes later 4 more. The run is over when all are done and no pilot is in
 either site's `squeue` (at most --timeout s after the second batch, else it fails,
-saying what is left). The service stops; a dry-run cycle as its account writes the
-pilots' ends into the journal. Figures (bench/small_workload.py) go to
+saying what is left). The service stops; a pilot it did not see end ends when its
+end record says. Figures (bench/small_workload.py) go to
 bench/results/testbed-small.md, the first completed run's cores to testbed-small.png.
 
     python /src/deploy/testbed/smallload.py [--runs 3] [--seed 1] [--timeout 1200]
@@ -51,6 +51,7 @@ SITES = {"gsi": ("gsi-login", "/etc/slurm-gsi/slurm.conf"),
          "frankfurt": ("fra-login", "/etc/slurm-frankfurt/slurm.conf")}
 PATH = "/opt/venv/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 WORK = Path("/home/alice/smallload")
+END_RECORDS = Path("/var/log/pilots/end")  # the sites' runtime.log_dir + /end
 BATCHES = (8, 4)
 GAP_S = 360
 PROGRESS_S = 15
@@ -227,18 +228,14 @@ def one_run(n: int, args: argparse.Namespace, data: dict[str, Any], config: Conf
     offset = random.Random(f"{args.seed}/{n}").uniform(0, config.policy.quick_check_s)
     print(f"== run {n}: clean pool", flush=True)
     try:
-        directory, cfg, clusters = workload(offset, args.timeout,
+        directory, _cfg, clusters = workload(offset, args.timeout,
                                             config.pool.provisioner_id, data)
     except RunFailed as exc:
         print(f"   run {n} FAILED: {exc}", flush=True)
         return small.RunResult(run=n, offset_s=offset, error=str(exc)), None
-    # The pilots' ends and their end records into the journal (nothing is applied).
-    once = sh(["runuser", "-u", "provisioner", "--", "/opt/venv/bin/provisioner", "-c",
-               str(cfg), "once", "--dry-run"], check=False)
-    if once.returncode:
-        print(f"   the last (dry-run) cycle failed, pilot ends may be late: {once.stderr[-300:]}")
     journal = Journal.open_existing(str(directory / "journal.sqlite"))
-    pilots = journal.pilots() if journal else []
+    pilots = small.with_recorded_ends(journal.pilots() if journal else [],
+                                      config.pool.provisioner_id, END_RECORDS)
     ads = list(htcondor.Schedd().history(
         constraint=" || ".join(f"ClusterId == {c}" for c in clusters),
         projection=[*HISTORY_ATTRS, "QDate"], match=100))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import pytest
 import yaml
 
 from bench import small_workload as small
@@ -107,3 +108,23 @@ def test_progress_line() -> None:
     assert small.progress(0, None, 8, {"gsi": []}, 0) == \
         "  [    0 s] jobs ? | pilots gsi 0 | 0 cycles"
     assert "pilots ?" in small.progress(0, {}, 8, None, 0)
+
+
+def test_a_pilot_the_service_did_not_see_end_ends_when_its_record_says(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from provisioner.pilot import endrecord
+    from provisioner.pilot.endrecord import EndRecord
+
+    alive = PilotRecord("gsi", "7", 4, 900.0, 1000.0)
+    ended = PilotRecord("gsi", "8", 4, 900.0, 1000.0, 1090.0, end_source="squeue")
+    bad = PilotRecord("gsi", "9", 4, 900.0, 1000.0)
+    pending = PilotRecord("gsi", "10", 4, 900.0)
+    endrecord.write(tmp_path, EndRecord("7", "gsi", "prov", 1000.0, 1080.0, 4, "retired"))
+    endrecord.write(tmp_path, EndRecord("8", "gsi", "prov", 1000.0, 1070.0, 4, "released"))
+    (tmp_path / endrecord.file_name("gsi", "9")).write_text("{")
+    got = small.with_recorded_ends([alive, ended, bad, pending], "prov", tmp_path)
+    assert (got[0].end_at, got[0].end_source, got[0].end_reason) == (1080.0, "record",
+                                                                      "retired")
+    assert got[1] == ended  # the journal's own end stands
+    assert got[2] == bad and "gsi-9.json" in capsys.readouterr().out
+    assert got[3] == pending
