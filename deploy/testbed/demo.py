@@ -4,8 +4,9 @@ alice submits a mix of jobs with plain condor_submit that read data from GSI's
 storage with a plain root:// URL (at Frankfurt the pilot sends it through the
 site's XCache); the provisioner runs its loop with a
 short interval, pilots start at both SLURM sites, their startds join through
-CCB from inside Apptainer, the jobs run, and once the queue is empty the pilots
-are flagged, then released. Ends when every job is done and no pilot is left;
+CCB from inside Apptainer, the jobs run, and once the queue is empty the busy
+pilots are told to leave as their jobs end (idle ones are flagged, then released).
+Ends when every job is done and no pilot is left;
 prints the latency breakdown of the first job and what the allocation bought
 (`provisioner report` of the run). Runs inside the testbed as root.
 """
@@ -157,7 +158,7 @@ def main() -> int:
     events = (WORK / "jobs.log").read_text()
     codes = Counter(line[:3] for line in events.splitlines() if line[:3].isdigit())
     starts = [line for line in events.splitlines() if line.startswith("001 (")]
-    print(f"== all {njobs} jobs done and every pilot released after {total:.0f} s")
+    print(f"== all {njobs} jobs done and every pilot gone after {total:.0f} s")
     print(f"   outputs with the right checksum: {good}/{njobs}; job log: "
           f"{codes['005']} terminated, {codes['004']} evicted, {codes['009']} aborted")
     if first_submit and first_ad and pilot_start and starts:
