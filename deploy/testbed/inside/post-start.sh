@@ -20,10 +20,11 @@ token() {  # identity, file, owner, [authz...]
 }
 # The pool's own daemons, when they call out to pilot startds (claims via CCB).
 token condor@testbed /etc/condor/tokens.d/condor root
-# The provisioner service (its own unprivileged account): it only reads the
-# pool (releases go through SLURM).
+# The provisioner service (its own unprivileged account): it reads the pool, and
+# asks the schedd for a negotiation when a pilot joins (condor_reschedule needs
+# WRITE); releases go through SLURM.
 install -d -o provisioner -g provisioner -m 0700 /etc/provisioner/tokens.d
-token provisioner@testbed /etc/provisioner/tokens.d/provisioner provisioner READ
+token provisioner@testbed /etc/provisioner/tokens.d/provisioner provisioner READ WRITE
 # The same identity for root on cm (tests, the demo, an admin's tools): HTCondor
 # reads a token only from a file its reader owns.
 install -d -m 0700 /root/.condor/tokens.d
