@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -69,7 +71,30 @@ def main(argv: list[str]) -> int:
     def echo(line: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
 
+    stop = CtrlC()
+    previous = signal.signal(signal.SIGINT, stop.handler)
     try:
-        return Runner(campaign, Path(args.file), out, echo=echo).run()
+        return Runner(campaign, Path(args.file), out, echo=echo, sleep=stop.sleep).run()
     except KeyboardInterrupt:  # the runner removed the jobs and said where the report is
         return 130
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+class CtrlC:
+    """Ctrl-C stops the campaign between two polls of its jobs, never in the middle of a
+    call to the schedd (an HTCondor call cut short may leave the bindings unusable for
+    the removal that follows): the first one is noted and raised as KeyboardInterrupt by
+    the runner's next sleep (within its poll period); a second one at once."""
+
+    def __init__(self) -> None:
+        self.pressed = threading.Event()
+
+    def handler(self, signum: int, _frame: object) -> None:
+        if self.pressed.is_set():
+            raise KeyboardInterrupt
+        self.pressed.set()
+
+    def sleep(self, seconds: float) -> None:
+        if self.pressed.wait(seconds):
+            raise KeyboardInterrupt

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import signal
 import subprocess
 from pathlib import Path
 
@@ -655,3 +656,15 @@ def test_an_unexpected_error_is_recorded_with_its_message_and_the_report_written
     assert step["status"] == "interrupted"
     assert "(RuntimeError: Failed to connect to schedd)" in step["error"]
     assert "Partial report" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_ctrl_c_is_taken_between_two_polls_and_a_second_one_at_once() -> None:
+    from provisioner.campaign.command import CtrlC
+
+    stop = CtrlC()
+    stop.sleep(0.01)  # nothing pressed: an ordinary sleep
+    stop.handler(signal.SIGINT, None)  # in the middle of a schedd call: only noted
+    with pytest.raises(KeyboardInterrupt):
+        stop.sleep(60)  # the runner's next poll: raised there, at once
+    with pytest.raises(KeyboardInterrupt):
+        stop.handler(signal.SIGINT, None)  # pressed again: right away
