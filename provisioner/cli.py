@@ -91,7 +91,8 @@ def cmd_status(config: Config, as_json: bool) -> int:
     snap = prov.observe(now).snapshot
     j = prov.journal
     st = gather(config, snap, now, breakers_of(j), j.get("flagged", {}) or {},
-                j.pilots(since=now - 86400.0), j.get("last_cycle"))
+                j.pilots(since=now - 86400.0), j.get("last_cycle"),
+                (j.get("controller") or {}).get("estimates"))
     print(json.dumps(st, indent=2, sort_keys=True) if as_json
           else render(st, tty=sys.stdout.isatty()))
     return 0

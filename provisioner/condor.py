@@ -73,6 +73,7 @@ class PilotAd:
     draining: bool
     gpus: int = 0  # the partitionable slot's GPUs (TotalSlotGPUs); 0: none advertised
     free_gpus: int = 0  # of which not in a dynamic slot
+    started_at: float | None = None  # the startd's DaemonStartTime
 
     @property
     def key(self) -> str:
@@ -252,6 +253,7 @@ def pilot_ads_of(slot_ads: Iterable[Any]) -> dict[str, PilotAd]:
         name = _str(ad, "Name")
         wall = _int(ad, "PilotWalltimeEnd", 0)
         gpus = max(0, _int(ad, "TotalSlotGPUs", _int(ad, "GPUs")))
+        daemon_start = _int(ad, "DaemonStartTime", 0)
         free_gpus = max(0, min(_int(ad, "GPUs"), gpus - dslot_gpus[key]))
         out[key] = PilotAd(
             site=_str(ad, "PilotSite"),
@@ -266,6 +268,7 @@ def pilot_ads_of(slot_ads: Iterable[Any]) -> dict[str, PilotAd]:
             draining=ad.get("Draining") is True,
             gpus=gpus,
             free_gpus=free_gpus,
+            started_at=float(daemon_start) if daemon_start > 0 else None,
         )
     return out
 

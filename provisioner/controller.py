@@ -137,12 +137,15 @@ class Controller:
         persists it (journal key "controller"); `provisioner status` reads the breakers
         from there."""
         return {"estimates": self.estimates.to_dict(), "breakers": self.breakers.to_dict(),
-                "retiring": sorted(self.retiring)}
+                "retiring": sorted(self.retiring), "waits_counted": self.estimates.counted()}
 
     def load(self, data: dict[str, Any] | None) -> None:
         """Restore what `state()` returned (missing or malformed parts are ignored)."""
         data = data or {}
         self.estimates.load(data.get("estimates") or {})
+        counted = data.get("waits_counted")
+        if isinstance(counted, list):
+            self.estimates.load_counted(counted)
         self.breakers.load(data.get("breakers") or {})
         retiring = data.get("retiring")
         if isinstance(retiring, list):
@@ -231,7 +234,7 @@ class Controller:
             self._count_arrival(snapshot.last_arrival_at, now)
             self.transitions = []
         if commit and snapshot.pool_known:
-            self.estimates.observe(seen, now)
+            self.estimates.observe(seen, now, known)
             for site in sorted(known):
                 # joined: up in the pool, or it has a startd ad (a name) while ending
                 self.transitions += self.breakers.observe(

@@ -80,6 +80,7 @@ class Pilot:
     name: str | None = None  # startd Name / Machine in the collector (for drain)
     gpus: int = 0  # allocation GPUs
     free_gpus: int = 0  # unclaimed GPUs in the partitionable slot; for PENDING/STARTING = gpus
+    joined_at: float | None = None  # its startd's start (DaemonStartTime), once in the pool
     #: "site/job_id", unique over all sites (derived, computed once).
     key: str = field(init=False, repr=False, compare=False)
 

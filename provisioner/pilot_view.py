@@ -82,6 +82,7 @@ def merge_pilots(site: str, jobs: list[SiteJob], ads: Mapping[str, PilotAd],
             # GPUs: what the startd advertises once it is up, what SLURM gave before
             gpus=ad.gpus if ad else job.gpus,
             free_gpus=(0 if busy_draining else ad.free_gpus if up and ad else job.gpus),
+            joined_at=ad.started_at if ad else None,
         ))
     return out
 

@@ -4,7 +4,9 @@
 the configuration; `render()` turns it into tables (bold and colour only for a tty).
 Keys: ``at``, ``pool`` {collector, provisioner_id, known}, ``sites`` [{name, known,
 error, circuit, pilots {state: {count, oldest_age_s}}, cores_allocated, cores_claimed,
-lead_time_p50_s {queue_wait, boot}, flagged}], ``demand`` [{cores, memory_mb,
+lead_time_p50_s {queue_wait, boot}, learnt {queue_wait_s, boot_s, samples} (the
+estimate placement uses, kept in the journal; the configured defaults while samples is
+0), flagged}], ``demand`` [{cores, memory_mb,
 runtime_s, idle, sites}], ``unmatchable`` [{cores, memory_mb, idle, reason}],
 ``flagged`` [pilot keys], ``last_cycle`` {at, age_s, summary, duration_s, actions} or null.
 """
@@ -33,6 +35,16 @@ def lead_p50(records: Sequence[PilotRecord], site: str, now: float) -> dict[str,
     return {"queue_wait": percentile(waits, 50), "boot": percentile(boots, 50)}
 
 
+def _learnt(config: Config, e: Mapping[str, float] | None) -> dict[str, float]:
+    d = config.policy.placement
+    try:
+        return {"queue_wait_s": round(float(e["wait_s"]), 1),  # type: ignore[index]
+                "boot_s": round(float(e["boot_s"]), 1),  # type: ignore[index]
+                "samples": int(e["samples"])}  # type: ignore[index]
+    except (KeyError, TypeError, ValueError):
+        return {"queue_wait_s": d.default_wait_s, "boot_s": d.default_boot_s, "samples": 0}
+
+
 def _age(p: Pilot, now: float) -> float:
     since = p.started_at if p.started_at is not None else p.submitted_at
     return max(0.0, now - since)
@@ -40,7 +52,8 @@ def _age(p: Pilot, now: float) -> float:
 
 def gather(config: Config, snap: Snapshot, now: float, breakers: Mapping[str, str],
            flagged: Mapping[str, float], records: Sequence[PilotRecord],
-           last: Mapping[str, Any] | None) -> dict[str, Any]:
+           last: Mapping[str, Any] | None,
+           learnt: Mapping[str, Mapping[str, float]] | None = None) -> dict[str, Any]:
     cores = cores_by_site(snap.pilots, config.site_names)
     sites = []
     for view in snap.sites:
@@ -57,6 +70,7 @@ def gather(config: Config, snap: Snapshot, now: float, breakers: Mapping[str, st
             "cores_allocated": cores[view.name].allocated,
             "cores_claimed": cores[view.name].claimed,
             "lead_time_p50_s": lead_p50(records, view.name, now),
+            "learnt": _learnt(config, (learnt or {}).get(view.name)),
             "flagged": sorted(p.key for p in mine if p.key in flagged)})
     rows, unmatchable = match_demand(snap.demand, config.sites) if snap.pool_known else ([], [])
     demand = sorted(({"cores": r.shape.cpus, "memory_mb": r.shape.memory_mb,
@@ -107,6 +121,10 @@ def render(st: Mapping[str, Any], tty: bool = False) -> str:
         out.append(f"  cores allocated {s['cores_allocated']}, claimed {s['cores_claimed']}; "
                    f"lead time p50 (last day): queue wait {_dur(lead['queue_wait'])}, "
                    f"boot {_dur(lead['boot'])}")
+        est = s["learnt"]
+        out.append(f"  placement estimate: queue wait {_dur(est['queue_wait_s'])}, boot "
+                   f"{_dur(est['boot_s'])}, " + (f"learnt from {est['samples']} pilot(s)"
+                                                 if est["samples"] else "configured defaults"))
         rows = [[state, str(v["count"]), _dur(v["oldest_age_s"])]
                 for state, v in s["pilots"].items()]
         out += _table(rows, ["state", "pilots", "oldest"]) if rows else ["  no pilots"]

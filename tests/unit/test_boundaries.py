@@ -111,13 +111,17 @@ def slot(name: str, **attrs: object) -> Ad:
 
 def test_pilot_ads_fold_dynamic_slots_into_their_pilot() -> None:
     ads = pilot_ads_of([
-        slot("slot1@pilot-gsi-7@node1", PartitionableSlot=True, Cpus=3, Memory=7288),
+        slot("slot1@pilot-gsi-7@node1", PartitionableSlot=True, Cpus=3, Memory=7288,
+             DaemonStartTime=4000),
         slot("slot1_1@pilot-gsi-7@node1", DynamicSlot=True, State="Claimed", Cpus=1,
              Memory=512),
         Ad(Name="slot1@other", PilotSite="", PilotSlurmJobId="")])
     ad = ads["gsi/7"]
     assert (ad.name, ad.cpus, ad.free_cpus, ad.claimed_slots) == ("pilot-gsi-7@node1", 4, 3, 1)
-    assert ad.walltime_end == 5000.0
+    assert ad.walltime_end == 5000.0 and ad.started_at == 4000.0
+    job = SiteJob("7", SiteJobState.RUNNING, 4, 7800, submitted_at=3000.0, started_at=3990.0,
+                  ends_at=None)
+    assert merge_pilots("gsi", [job], ads, frozenset())[0].joined_at == 4000.0
 
 
 @pytest.mark.parametrize(("slurm", "ad_attrs", "running_on", "expected"), [

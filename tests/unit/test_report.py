@@ -87,8 +87,11 @@ def test_status_gather_and_render() -> None:
     j.record_pilots("gsi", [SeenPilot("7", 4, 8000, now - 700, now - 600, True)], now - 500)
     st = gather(cfg, snap, now, {"fra": "open (3 pilots ...)"}, {"gsi/7": now},
                 j.pilots(), {"at": now - 30, "summary": "s", "timings": {"observe": 0.5},
-                             "actions": [["submit 1 at gsi", "submitted ['9']"]]})
+                             "actions": [["submit 1 at gsi", "submitted ['9']"]]},
+                {"gsi": {"wait_s": 42.04, "boot_s": 7.0, "samples": 3}, "fra": {"x": 1}})
     gsi = st["sites"][0]
+    assert gsi["learnt"] == {"queue_wait_s": 42.0, "boot_s": 7.0, "samples": 3}
+    assert st["sites"][1]["learnt"]["samples"] == 0  # malformed: the defaults
     assert gsi["cores_allocated"] == 4 and gsi["cores_claimed"] == 3
     assert gsi["pilots"]["busy"]["count"] == 1 and gsi["flagged"] == ["gsi/7"]
     assert gsi["lead_time_p50_s"] == {"queue_wait": 100.0, "boot": 100.0}
@@ -96,6 +99,8 @@ def test_status_gather_and_render() -> None:
     assert st["last_cycle"]["duration_s"] == 0.5
     json.dumps(st)  # JSON-able
     text = render(st, tty=False)
+    assert "placement estimate: queue wait 42 s, boot 7 s, learnt from 3 pilot(s)" in text
+    assert "configured defaults" in text
     assert "\033" not in text and "UNKNOWN (ssh down)" in text and "RequestCpus 64" in text
     assert "\033[1m" in render(st, tty=True)
 
