@@ -105,6 +105,8 @@ class StepSummary:
     fio_gbit_s: float | None = None
     #: The clients' reads from the first start to the last end (None: not recorded).
     span_s: float | None = None
+    #: fio campaigns: mean Gbit/s the nodes' network interfaces received meanwhile.
+    net_gbit_s: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -114,7 +116,7 @@ class StepSummary:
 def summarize(scenario: str, clients: int, series: Sequence[tuple[int, int]],
               clients_ok: int, clients_failed: int, hit_ratio: float | None = None,
               error: str = "", fio_gbit_s: float | None = None,
-              span_s: float | None = None) -> StepSummary:
+              span_s: float | None = None, net_gbit_s: float | None = None) -> StepSummary:
     """Mean (total bytes over the read span if known, else over all seconds of the
     series), median and max Gbit/s (per whole second)."""
     rates = [b / GBIT for _, b in series]
@@ -125,7 +127,7 @@ def summarize(scenario: str, clients: int, series: Sequence[tuple[int, int]],
         mean_gbit_s=total / GBIT / over if series else 0.0, span_s=span_s,
         p50_gbit_s=percentile(rates, 0.5), max_gbit_s=max(rates, default=0.0),
         clients_ok=clients_ok, clients_failed=clients_failed, hit_ratio=hit_ratio,
-        error=error, fio_gbit_s=fio_gbit_s)
+        error=error, fio_gbit_s=fio_gbit_s, net_gbit_s=net_gbit_s)
 
 
 def fio_bandwidth(report: Mapping[str, object]) -> int:

@@ -7,7 +7,9 @@ installed). The layout, written by `runner`::
     DIR/campaign.yaml                     the campaign as it ran (scenario order)
     DIR/<scenario>/<clients>/client-<i>.csv   benchread.py --csv (url,second,blocks,bytes,start,end)
     DIR/<scenario>/<clients>/client-<i>.out, .err   the client's stdout and stderr
-    DIR/<scenario>/<clients>/client-<i>.json, .netdev.csv   fio clients instead
+    DIR/<scenario>/<clients>/client-<i>.json, .bw.csv, .netdev.csv   fio clients instead:
+                                          fio's report, fio's bytes per second, the
+                                          node's network counters each second
     DIR/<scenario>/<clients>/step.json    status, error, failed clients, hit ratio
 
 A step without step.json counts every client with a CSV as ok. If the campaign has
@@ -22,6 +24,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import re
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +48,8 @@ STEP_FILE = "step.json"
 SPEC_COPY = "campaign.yaml"
 #: A cache hit should deliver at least this fraction of the direct local read.
 HIT_GOAL = 0.9
+#: A step whose reads fit in this many whole seconds gets a note on its plot.
+SHORT_STEP_S = 3
 
 
 @dataclass
@@ -60,10 +65,22 @@ class Step:
     error: str = ""
     hit_ratio: float | None = None
     fio_bytes_s: int | None = None
+    #: fio campaigns: bytes received per second by each client's node (its NICs).
+    net_series: list[dict[int, int]] = field(default_factory=list)
 
 
 def _client_index(path: Path) -> int:
     return int(path.name.split(".")[0].removeprefix("client-"))
+
+
+#: A reader client's CSV (not a fio client's .bw.csv or .netdev.csv).
+READER_CSV = re.compile(r"client-\d+\.csv")
+
+
+def _netdev(path: Path) -> dict[int, int]:
+    with path.open() as f:
+        return netdev_series((int(r["second"]), r["interface"], int(r["rx_bytes"]),
+                              int(r["tx_bytes"])) for r in csv.DictReader(f))
 
 
 def read_step(directory: Path, scenario: str, clients: int) -> Step:
@@ -73,9 +90,7 @@ def read_step(directory: Path, scenario: str, clients: int) -> Step:
         status = json.loads((directory / STEP_FILE).read_text())
     failed = {int(i) for i in status.get("failed_clients", []) or []}  # type: ignore[attr-defined]
     for path in sorted(directory.glob("client-*.csv"), key=_client_index):
-        if path.name.endswith(".netdev.csv"):
-            continue
-        if _client_index(path) not in failed:
+        if READER_CSV.fullmatch(path.name) and _client_index(path) not in failed:
             text = path.read_text()
             step.series.append(parse_client_csv(text))
             step.spans.append(parse_client_span(text))
@@ -89,12 +104,12 @@ def read_step(directory: Path, scenario: str, clients: int) -> Step:
                 step.fio_bytes_s += fio_bandwidth(json.loads(path.read_text()))
             except (ValueError, AttributeError) as exc:
                 log.warning("%s: not a fio JSON report: %s", path, exc)
+            bw = path.with_name(f"client-{_client_index(path)}.bw.csv")
+            if bw.is_file():
+                step.series.append(parse_client_csv(bw.read_text()))
             netdev = path.with_name(f"client-{_client_index(path)}.netdev.csv")
             if netdev.is_file():
-                with netdev.open() as f:
-                    step.series.append(netdev_series(
-                        (int(r["second"]), r["interface"], int(r["rx_bytes"]),
-                         int(r["tx_bytes"])) for r in csv.DictReader(f)))
+                step.net_series.append(_netdev(netdev))
         step.ok = len(fio) - len(failed & {_client_index(p) for p in fio})
     else:
         step.ok = len(step.series)
@@ -207,10 +222,18 @@ def ratios(table: list[StepSummary], reference: str, warm: Collection[str]) -> l
     return out
 
 
+def net_gbit_s(step: Step) -> float | None:
+    """A fio step's mean Gbit/s received by its nodes' NICs over the seconds sampled."""
+    if step.fio_bytes_s is None:
+        return None
+    series = aggregate(step.net_series)
+    return sum(b for _, b in series) / GBIT / len(series) if series else 0.0
+
+
 def summaries(steps: list[Step]) -> list[StepSummary]:
     return [summarize(s.scenario, s.clients, aggregate(s.series), s.ok, s.failed, s.hit_ratio,
                       s.error, None if s.fio_bytes_s is None else s.fio_bytes_s / GBIT,
-                      step_span(s.spans))
+                      step_span(s.spans), net_gbit_s(s))
             for s in steps]
 
 
@@ -231,12 +254,12 @@ def write_tables(out: Path, steps: list[Step], table: list[StepSummary]) -> None
         w = csv.writer(f)
         w.writerow(["scenario", "clients", "seconds", "read_span_s", "total_bytes",
                     "mean_gbit_s", "p50_gbit_s", "max_gbit_s", "clients_ok", "clients_failed",
-                    "hit_ratio", "fio_gbit_s", "error"])
+                    "hit_ratio", "fio_gbit_s", "nic_rx_gbit_s", "error"])
         for t in table:
             w.writerow([t.scenario, t.clients, t.seconds, _fmt(t.span_s), t.total_bytes,
                         f"{t.mean_gbit_s:.6f}", f"{t.p50_gbit_s:.6f}", f"{t.max_gbit_s:.6f}",
                         t.clients_ok, t.clients_failed, _fmt(t.hit_ratio),
-                        _fmt(t.fio_gbit_s, 6), t.error])
+                        _fmt(t.fio_gbit_s, 6), _fmt(t.net_gbit_s, 6), t.error])
 
 
 def ratio_lines(reference: str, rows: list[Ratio]) -> list[str]:
@@ -270,16 +293,24 @@ def markdown(name: str, table: list[StepSummary], plots: list[Path], plot_note: 
              "(idle seconds count as 0); p50 and max are of those seconds. Mean = total "
              "bytes / the read span (first client's start to last client's end, to the "
              "ms) where the clients recorded it, else / those seconds.", ""]
+    if fio:
+        lines += ["fio steps: the bytes per second are fio's own bandwidth log (every fio "
+                  "job of every node, averaged over each second); fio Gbit/s is fio's "
+                  "report (each node's bytes over its runtime, summed over the nodes); NIC "
+                  "rx Gbit/s is what the nodes' network interfaces (all but loopback) "
+                  "received per sampled second: reads from network storage show there, "
+                  "reads the node serves itself (local disk, page cache) do not.", ""]
     head = ["scenario", "nodes" if fio else "clients", "seconds", "read span s", "total MiB",
             "mean Gbit/s", "p50 Gbit/s", "max Gbit/s", "ok", "failed", "hit ratio"]
-    head += ["fio Gbit/s"] if fio else []
+    head += ["fio Gbit/s", "NIC rx Gbit/s"] if fio else []
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for t in table:
         row = [t.scenario, str(t.clients), str(t.seconds), _fmt(t.span_s, 2),
                f"{t.total_bytes / 2**20:.1f}",
                _fmt(t.mean_gbit_s), _fmt(t.p50_gbit_s), _fmt(t.max_gbit_s),
                str(t.clients_ok), str(t.clients_failed), _fmt(t.hit_ratio, 2)]
-        lines.append("| " + " | ".join(row + ([_fmt(t.fio_gbit_s)] if fio else [])) + " |")
+        fio_cells = [_fmt(t.fio_gbit_s), _fmt(t.net_gbit_s)] if fio else []
+        lines.append("| " + " | ".join(row + fio_cells) + " |")
     if reference is not None:
         lines += ratio_lines(reference, ratios(table, reference, warm))
     failures = [t for t in table if not t.ok]
@@ -298,18 +329,38 @@ def plot(out: Path, steps: list[Step], table: list[StepSummary]) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     written = []
     for scenario in dict.fromkeys(s.scenario for s in steps):
         fig, ax = plt.subplots(figsize=(8, 4.5))
+        longest = 0
         for s in (s for s in steps if s.scenario == scenario):
             series = aggregate(s.series)
+            unit = "node" if s.fio_bytes_s is not None else "client"
+            label = f"{s.clients} {unit}{'s' if s.clients > 1 else ''}"
+            if s.fio_bytes_s is not None:
+                label += " (fio)"
+            line = None
             if series:
-                ax.plot([sec - series[0][0] for sec, _ in series],
-                        [b / GBIT for _, b in series], marker=".",
-                        label=f"{s.clients} client{'s' if s.clients > 1 else ''}")
+                longest = max(longest, len(series))
+                line, = ax.plot([sec - series[0][0] for sec, _ in series],
+                                [b / GBIT for _, b in series], marker="o", label=label)
+            net = aggregate(s.net_series)
+            if net:
+                start = series[0][0] if series else net[0][0]
+                ax.plot([sec - start for sec, _ in net], [b / GBIT for _, b in net],
+                        linestyle="--", marker="x", label=f"{s.clients} {unit}"
+                        f"{'s' if s.clients > 1 else ''} (NIC rx)",
+                        color=line.get_color() if line else None)
         ax.set(title=f"{scenario}: aggregate throughput", xlabel="seconds since the step's "
                "first read", ylabel="Gbit/s")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if 0 < longest <= SHORT_STEP_S:
+            ax.set_xlim(-0.5, max(longest, 2) - 0.5)
+            ax.annotate(f"read within {longest} s: one point per whole second; the "
+                        "table's mean uses the read span to the ms",
+                        xy=(0.02, 0.02), xycoords="axes fraction", fontsize="small")
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         if ax.lines:
@@ -325,11 +376,16 @@ def plot(out: Path, steps: list[Step], table: list[StepSummary]) -> list[Path]:
         rows = [t for t in table if t.scenario == scenario and t.ok]
         ys = [(t.fio_gbit_s or 0.0) if fio else t.mean_gbit_s for t in rows]
         line, = ax.plot([t.clients for t in rows], ys, marker="o", label=scenario)
-        if not fio:
+        if fio:
+            ax.plot([t.clients for t in rows], [t.net_gbit_s or 0.0 for t in rows],
+                    linestyle="--", marker="x", color=line.get_color(),
+                    label=f"{scenario} (nodes' NIC rx)")
+        else:
             ax.plot([t.clients for t in rows], [t.max_gbit_s for t in rows], linestyle="--",
                     marker="x", color=line.get_color(), label=f"{scenario} (max second)")
     ax.set_xticks(sorted({t.clients for t in table}))
-    ax.set(title="throughput vs " + ("nodes (fio's own total)" if fio else
+    ax.set(title="throughput vs " + ("nodes (fio's own total; dashed: the nodes' network)"
+                                     if fio else
                                      "clients (mean over the step; dashed: best second)"),
            xlabel="nodes" if fio else "clients", ylabel="Gbit/s")
     ax.set_ylim(bottom=0)

@@ -330,9 +330,13 @@ class Runner:
             extra = self.c.fio.extra_submit
             common.update({
                 "executable": str(FIOCLIENT), "transfer_input_files": str(jobfile),
-                "arguments": f"{jobfile.name} --json fio.json --netdev netdev.csv",
+                "arguments": f"{jobfile.name} --json fio.json --netdev netdev.csv "
+                             "--bwlog bw.csv",
+                # Only these: fio's own data files in the scratch directory stay there.
+                "transfer_output_files": "fio.json, netdev.csv, bw.csv",
                 "transfer_output_remaps": '"fio.json = client-$(client).json; '
-                                          'netdev.csv = client-$(client).netdev.csv"',
+                                          'netdev.csv = client-$(client).netdev.csv; '
+                                          'bw.csv = client-$(client).bw.csv"',
                 "request_cpus": str(self.c.fio.request_cpus)})
         else:
             spec = next(s for s in self.c.scenarios if s.name == scenario)

@@ -241,3 +241,41 @@ def test_ctrl_c_removes_the_jobs_and_leaves_a_report_that_says_it_is_partial(
     assert "| xcache | 1 |" in md, md  # the finished step is reported
     step = json.loads((out / "stuck" / "1" / "step.json").read_text())
     assert step["status"] == "interrupted", step
+
+
+def test_a_fio_campaign_returns_fio_s_seconds_and_the_node_s_network(
+        service: Service, work: Path) -> None:
+    jobfile = work / "short.fio"
+    jobfile.write_text("[global]\nioengine=psync\nbs=1M\nsize=16M\nruntime=4\ntime_based=1\n"
+                       "\n[short-read]\nrw=read\nnumjobs=2\n")
+    spec = work / "fio.yaml"
+    spec.write_text("name: fio-it\nkind: fio\nfio: {jobfile: short.fio, nodes: [1], "
+                    "site: frankfurt, request_cpus: 4}\nstep_timeout_s: 600\n")
+    run(["chown", "alice:alice", str(jobfile), str(spec)])
+    out = work / "fio-out"
+    proc = run(["provisioner", "campaign", "run", str(spec), "--out", str(out)], user="alice",
+               cwd=str(work), check=False, timeout=900)
+    text = proc.stdout + proc.stderr
+    print(text)
+    assert proc.returncode == 0, text
+    step = out / "short" / "1"  # the scenario is named after the job file
+    assert json.loads((step / "step.json").read_text())["status"] == "ok"
+    report = json.loads((step / "client-0.json").read_text())
+    assert sum(j["read"]["io_bytes"] for j in report["jobs"]) > 0, report
+    # fio's own log, one row per second of its 4 s, bytes in each.
+    bw = list(csv.DictReader((step / "client-0.bw.csv").open()))
+    assert len(bw) >= 3 and all(int(r["bytes"]) > 0 for r in bw[:-1]), bw
+    # The node's interfaces, sampled every second while fio ran.
+    net = list(csv.DictReader((step / "client-0.netdev.csv").open()))
+    assert len({r["second"] for r in net}) >= 4, net
+    assert {r["interface"] for r in net} - {"lo"}, net
+    # Only what the job names came back: fio's 16 MiB data files stayed on the node.
+    assert not [p.name for p in step.iterdir() if p.stat().st_size > 8 << 20]
+    summary = next(csv.DictReader((out / "summary.csv").open()))
+    assert float(summary["fio_gbit_s"]) > 0 and float(summary["mean_gbit_s"]) > 0, summary
+    assert summary["nic_rx_gbit_s"] not in ("", "-"), summary
+    md = (out / "report.md").read_text()
+    assert "| short | 1 |" in md and "NIC rx Gbit/s" in md, md
+    for png in ("throughput-short.png", "scaling.png"):
+        assert (out / png).read_bytes()[:8] == PNG, png
+    assert not campaign_jobs("fio-it")

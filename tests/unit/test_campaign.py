@@ -26,7 +26,7 @@ from provisioner.campaign.aggregate import (
     step_span,
     summarize,
 )
-from provisioner.campaign.fioclient import read_netdev
+from provisioner.campaign.fioclient import bw_series, read_netdev
 from provisioner.campaign.report import (
     HIT_GOAL,
     campaign_copy,
@@ -562,27 +562,53 @@ def test_a_fio_client_asks_for_a_whole_pilot_and_ships_its_jobfile(tmp_path: Pat
     assert desc["request_cpus"] == "4"
     assert desc["executable"].endswith("provisioner/campaign/fioclient.py")
     assert desc["transfer_input_files"].endswith("deploy/testbed/campaigns/seq-read.fio")
-    assert desc["arguments"] == "seq-read.fio --json fio.json --netdev netdev.csv"
+    assert desc["arguments"] == "seq-read.fio --json fio.json --netdev netdev.csv --bwlog bw.csv"
+    # fio's own data files (64 MiB each here) stay on the node.
+    assert desc["transfer_output_files"] == "fio.json, netdev.csv, bw.csv"
+    assert "bw.csv = client-$(client).bw.csv" in desc["transfer_output_remaps"]
     assert desc["requirements"] == 'PilotSite == "frankfurt"'
     assert runner.c.steps() == [("seq-read", [1, 2])]
 
 
 def test_the_fio_client_samples_the_network_while_fio_runs(tmp_path: Path) -> None:
+    # A stand-in for fio that writes what fio writes: its JSON report, and the bandwidth
+    # log of each of its two jobs when the job file it was given asks for one.
     fake = tmp_path / "fio"
-    fake.write_text("#!/bin/sh\nsleep 1.5\nfor a in \"$@\"; do case $a in --output=*) "
-                    "echo '{\"jobs\": []}' > \"${a#--output=}\";; esac; done\n")
+    fake.write_text(
+        "#!/bin/sh\nsleep 1.5\nfor a in \"$@\"; do case $a in --output=*) "
+        "echo '{\"jobs\": []}' > \"${a#--output=}\";; *.fio) job=$a;; esac; done\n"
+        "if grep -q '^write_bw_log=fioclient$' \"$job\"; then\n"
+        "  printf '10000500, 1024, 0, 1048576, 0\\n10001500, 2048, 0, 1048576, 0\\n'"
+        " > fioclient_bw.1.log\n"
+        "  printf '10001500, 1, 0, 1048576, 0\\n' > fioclient_bw.2.log\nfi\n")
     fake.chmod(0o755)
     (tmp_path / "job.fio").write_text("[x]\n")
     script = REPO / "provisioner/campaign/fioclient.py"
-    proc = subprocess.run(["python3", str(script), "job.fio", "--fio", str(fake)],
+    proc = subprocess.run(["python3", str(script), "job.fio", "--fio", str(fake),
+                           "--bwlog", "bw.csv"],
                           cwd=tmp_path, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     assert json.loads((tmp_path / "fio.json").read_text()) == {"jobs": []}
     rows = list(csv.DictReader((tmp_path / "netdev.csv").open()))
     assert len({r["second"] for r in rows}) >= 2 and {"lo"} <= {r["interface"] for r in rows}
-    missing = subprocess.run(["python3", str(script), "job.fio", "--fio", "/nonexistent/fio"],
+    assert (tmp_path / "bw.csv").read_text().splitlines() == [
+        "second,bytes", "10000,1048576", "10001,2098176"]
+    assert (tmp_path / "job.fio").read_text() == "[x]\n"  # the user's file is left alone
+    missing = subprocess.run(["python3", str(script), "job.fio", "--fio", "/nonexistent/fio",
+                              "--bwlog", "bw.csv", "--json", "none.json"],
                              cwd=tmp_path, capture_output=True, text=True, check=False)
     assert missing.returncode == 1 and "fio client: cannot run /nonexistent/fio" in missing.stderr
+    # Every file the job names is there for HTCondor to return, so the error above is
+    # what the campaign reports (not a hold for a missing output file).
+    assert (tmp_path / "none.json").read_text() == "{}\n"
+    assert (tmp_path / "bw.csv").read_text() == "second,bytes\n"
+
+
+def test_fio_bandwidth_logs_become_bytes_per_wall_clock_second() -> None:
+    # ms since the epoch at the end of each 1 s window, KiB/s, direction, block size...
+    lines = ["1000999, 1000, 0, 4096, 0", "1002000, 1000, 1, 4096, 0", "1002001, 0.5, 0, 4096",
+             "garbage", ""]
+    assert bw_series(lines) == {1000: 1_024_000, 1001: 1_024_000 + 512}
 
 
 # -- the submit file condor_submit reads -----------------------------------------------------
@@ -668,3 +694,33 @@ def test_ctrl_c_is_taken_between_two_polls_and_a_second_one_at_once() -> None:
         stop.sleep(60)  # the runner's next poll: raised there, at once
     with pytest.raises(KeyboardInterrupt):
         stop.handler(signal.SIGINT, None)  # pressed again: right away
+
+
+def test_a_fio_step_is_fio_s_own_seconds_beside_the_nodes_network(tmp_path: Path) -> None:
+    step = tmp_path / "seq-read" / "2"
+    step.mkdir(parents=True)
+    for i, base in enumerate((100, 101)):
+        (step / f"client-{i}.json").write_text(json.dumps(
+            {"jobs": [{"read": {"bw_bytes": 1_000_000_000}}]}))
+        (step / f"client-{i}.bw.csv").write_text(
+            "second,bytes\n" + "".join(f"{base + k},1000000000\n" for k in range(3)))
+        (step / f"client-{i}.netdev.csv").write_text(
+            "second,interface,rx_bytes,tx_bytes\n"
+            + "".join(f"{base + k},eth0,{k * 125_000_000},0\n{base + k},lo,{k * 10**9},0\n"
+                      for k in range(4)))
+    (step / "step.json").write_text(json.dumps({"status": "done"}))
+    written = render(tmp_path, "fio-test")
+    summary = next(csv.DictReader((tmp_path / "summary.csv").open()))
+    assert (summary["seconds"], summary["total_bytes"]) == ("4", str(6 * 10**9))
+    assert float(summary["max_gbit_s"]) == 16.0  # two nodes' fio at 1 GB/s each
+    assert float(summary["fio_gbit_s"]) == 16.0
+    # 125 MB/s per node for 3 s, the nodes 1 s apart: 750 MB over 4 s; loopback not counted.
+    assert float(summary["nic_rx_gbit_s"]) == 1.5
+    md = (tmp_path / "report.md").read_text()
+    assert "| scenario | nodes |" in md and "| fio Gbit/s | NIC rx Gbit/s |" in md
+    assert "| 16.000 | 1.500 |" in md
+    plot = next(p for p in written if p.name == "throughput-seq-read.png")
+    assert plot.read_bytes()[:8] == PNG
+    # The series over time is fio's (.bw.csv), never read as a reader's client CSV twice.
+    rows = list(csv.DictReader((tmp_path / "results.csv").open()))
+    assert [int(r["bytes"]) for r in rows] == [10**9, 2 * 10**9, 2 * 10**9, 10**9]
