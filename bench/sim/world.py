@@ -116,6 +116,9 @@ class World:
             free_cpus=p.cpus if full else p.cpus - p.used_cpus,
             free_memory_mb=p.memory_mb if full else p.memory_mb - p.used_mem,
             name=f"slot1@{p.key}" if p.booted else None,
+            # Its startd's DaemonStartTime, as the service reads it from the ad.
+            joined_at=p.started_at + p.site.boot_s if p.booted and p.started_at is not None
+            else None,
         )
 
     def idle_jobs(self) -> int:
