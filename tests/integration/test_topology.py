@@ -118,7 +118,7 @@ def _wan_bytes(site_bridge: str) -> int:
     """Bytes the WAN shaper on a site's bridge has sent (routed into the site)."""
     out = _router(["tc", "-s", "qdisc", "show", "dev", site_bridge])
     m = re.search(r"qdisc tbf .*?Sent (\d+) bytes", out, re.S)
-    assert m, out
+    assert m, f"no WAN shaper on {site_bridge} (was `testbed wan off` left behind?):\n{out}"
     return int(m.group(1))
 
 
