@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.accounting import JobRun, PilotRecord, percentile, site_days
-from provisioner.config import PolicyConfig
+from provisioner.config import PilotRuntimeConfig, PolicyConfig
 from provisioner.pilot import endrecord
 
 TARGET_EFFICIENCY = 0.80
@@ -45,17 +45,28 @@ def _flat(data: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[str, Any]
 
 def reset_policy(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """A copy of a parsed configuration without its `policy` section (so every policy
-    and cadence setting takes the provisioner's default), and one line per setting the
-    section had: "policy.interval_s: 10 -> 300". Sites, pool, journal stay as they are."""
+    and cadence setting takes the provisioner's default) and without the sites' pilot
+    no-claim timer (`runtime.noclaim_shutdown_s`, the backstop the default
+    `policy.stuck_after_s` is checked against), and one line per setting dropped:
+    "policy.interval_s: 10 -> 300". Everything else stays as it is."""
     out = copy.deepcopy(dict(data))
     policy = out.pop("policy", None) or {}
     defaults = dict(_flat(PolicyConfig().model_dump()))
     lines = []
     for key, value in _flat(policy):
-        default = defaults.get(key, "(default)")
-        same = " (the default already)" if _show(value) == _show(default) else ""
-        lines.append(f"policy.{key}: {_show(value)} -> {_show(default)}{same}")
+        lines.append(_reset_line(f"policy.{key}", value, defaults.get(key, "(default)")))
+    noclaim = PilotRuntimeConfig().noclaim_shutdown_s
+    for i, site in enumerate(out.get("sites") or []):
+        runtime = site.get("runtime") if isinstance(site, dict) else None
+        if isinstance(runtime, dict) and "noclaim_shutdown_s" in runtime:
+            lines.append(_reset_line(f"sites[{i}].runtime.noclaim_shutdown_s",
+                                     runtime.pop("noclaim_shutdown_s"), noclaim))
     return out, lines
+
+
+def _reset_line(key: str, value: Any, default: Any) -> str:
+    same = " (the default already)" if _show(value) == _show(default) else ""
+    return f"{key}: {_show(value)} -> {_show(default)}{same}"
 
 
 def job_waits(ads: Iterable[Mapping[str, Any]]) -> list[float]:

@@ -80,19 +80,25 @@ def cmd_once(config: Config, dry_run: bool) -> int:
 def cmd_status(config: Config, as_json: bool) -> int:
     """One observation plus what the journal holds (never creates a journal)."""
     import json
+    from dataclasses import replace
 
     from provisioner.journal import Journal
     from provisioner.service import Provisioner, breakers_of
     from provisioner.status import gather, render
+    from provisioner.stuck import StuckGroups
 
     journal = Journal.open_existing(config.journal)
     prov = Provisioner(config, journal=journal or Journal(""))
     now = time.time()
     snap = prov.observe(now).snapshot
     j = prov.journal
+    learnt = j.get("controller") or {}
+    # shapes the service found stuck are shown as it treats them: matching no site
+    stuck = StuckGroups(config.policy.stuck_after_s)
+    stuck.load(learnt.get("stuck") or [])
+    snap = replace(snap, demand=stuck.mark(snap.demand))
     st = gather(config, snap, now, breakers_of(j), j.get("flagged", {}) or {},
-                j.pilots(since=now - 86400.0), j.get("last_cycle"),
-                (j.get("controller") or {}).get("estimates"))
+                j.pilots(since=now - 86400.0), j.get("last_cycle"), learnt.get("estimates"))
     print(json.dumps(st, indent=2, sort_keys=True) if as_json
           else render(st, tty=sys.stdout.isatty()))
     return 0

@@ -506,6 +506,29 @@ class Config(_Model):
             seen[site.name] = i
         return self
 
+    @model_validator(mode="after")
+    def _stuck_before_noclaim_shutdown(self) -> Config:
+        """A stuck shape is one idle beside the *same* unclaimed pilot for stuck_after_s,
+        seen at a cycle: a pilot whose startd ends itself unclaimed sooner is replaced by
+        a new one before that, and the shape is never found stuck (a pilot after pilot,
+        for ever)."""
+        after = self.policy.stuck_after_s
+        if after <= 0:
+            return self
+        for i, site in enumerate(self.sites):
+            if site.runtime.noclaim_shutdown_s < after + self.policy.interval_s:
+                raise PydanticCustomError(
+                    "stuck_after",
+                    "noclaim_shutdown_s {value} is not above policy.stuck_after_s {after} "
+                    "plus policy.interval_s {interval}: an unclaimed pilot would end before "
+                    "jobs no pilot matches are found stuck, and a new one would be started "
+                    "for them, for ever (lower stuck_after_s or raise noclaim_shutdown_s)",
+                    {"field": f"sites[{i}].runtime.noclaim_shutdown_s",
+                     "value": site.runtime.noclaim_shutdown_s, "after": after,
+                     "interval": self.policy.interval_s},
+                )
+        return self
+
     def site(self, name: str) -> SiteConfig:
         """The site called `name`; KeyError if it is not configured."""
         for site in self.sites:

@@ -132,12 +132,13 @@ class Controller:
 
     # -- what survives a restart -------------------------------------------------------
     def state(self) -> dict[str, Any]:
-        """JSON-able learnt state: site lead-time estimates, circuit breakers and the pilots
-        told to retire (a restarted service can still withdraw the order). The service
-        persists it (journal key "controller"); `provisioner status` reads the breakers
-        from there."""
+        """JSON-able learnt state: site lead-time estimates, circuit breakers, the pilots
+        told to retire (a restarted service can still withdraw the order) and the job
+        shapes found stuck. The service persists it (journal key "controller");
+        `provisioner status` reads the breakers, estimates and stuck shapes from there."""
         return {"estimates": self.estimates.to_dict(), "breakers": self.breakers.to_dict(),
-                "retiring": sorted(self.retiring), "waits_counted": self.estimates.counted()}
+                "retiring": sorted(self.retiring), "waits_counted": self.estimates.counted(),
+                "stuck": self.stuck.to_list()}
 
     def load(self, data: dict[str, Any] | None) -> None:
         """Restore what `state()` returned (missing or malformed parts are ignored)."""
@@ -147,6 +148,9 @@ class Controller:
         if isinstance(counted, list):
             self.estimates.load_counted(counted)
         self.breakers.load(data.get("breakers") or {})
+        stuck = data.get("stuck")
+        if isinstance(stuck, list):
+            self.stuck.load(stuck)
         retiring = data.get("retiring")
         if isinstance(retiring, list):
             self.retiring = {k for k in retiring if isinstance(k, str) and "/" in k}

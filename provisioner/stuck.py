@@ -13,7 +13,8 @@ started, for ever.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 from provisioner.config import Config, SiteConfig
 from provisioner.matching import item_of, matched_sites
@@ -87,6 +88,23 @@ class StuckGroups:
                     out.append(f"{n} idle jobs {why}: {describe(shape)}; not provisioned "
                                "for until their shape changes or one of them starts")
         return out
+
+    def to_list(self) -> list[dict[str, Any]]:
+        """The stuck shapes, JSON-able: a restarted service keeps them (it would otherwise
+        start a pilot for them once more) and `provisioner status` shows them."""
+        return [{"shape": asdict(shape), "idle": idle, "reason": why}
+                for shape, (idle, why) in sorted(self.stuck.items(), key=lambda kv: repr(kv[0]))]
+
+    def load(self, data: Sequence[Any]) -> None:
+        """Restore what `to_list()` wrote; malformed entries are skipped."""
+        for e in data:
+            try:
+                d = dict(e["shape"])
+                d["desired_sites"] = tuple(d.get("desired_sites") or ())
+                d["match_attrs"] = tuple((str(k), str(v)) for k, v in d.get("match_attrs") or ())
+                self.stuck[JobShape(**d)] = (int(e["idle"]), str(e["reason"]))
+            except (KeyError, TypeError, ValueError):
+                continue
 
     def mark(self, rows: Sequence[Demand]) -> tuple[Demand, ...]:
         """`rows` with every stuck shape matching no site, the reason attached."""

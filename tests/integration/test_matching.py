@@ -1,18 +1,28 @@
 """Demand is what a pilot could actually run: a job whose Requirements no site's pilot
 meets is unmatchable with the failing clause, in `once --dry-run` and `status`, and no
 pilot is planned for it. With `policy.match_requirements: false` (the safeguard off) the
-same queue plans a pilot for it: the test would fail without the prototype matching."""
+same queue plans a pilot for it: the test would fail without the prototype matching.
+
+A job whose Requirements fail only on what a real node knows (its Machine) passes the
+prototype, gets a pilot, and stays idle beside it: after `policy.stuck_after_s` the
+service reports it stuck and neither keeps that pilot nor starts another for it. With
+`stuck_after_s: 0` (the safeguard off) the pilot is kept for it until its startd's
+no-claim shutdown ends it, and then a new one is started."""
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import run
-from servicectl import SERVICE_USER, service_dir, write_config
-from test_loop import clean_pool, submit
+from servicectl import SERVICE_USER, Service, SiteWatch, service_dir, write_config
+from test_loop import all_pilot_jobs, clean_pool, pilot_startds, submit, wait_for
+
+#: Short for a test; the testbed's pilots end themselves unclaimed after 600 s.
+STUCK_AFTER_S = 40
 
 
 @pytest.fixture
@@ -56,3 +66,43 @@ def test_without_matching_the_same_job_counts_as_demand(queue: None) -> None:
     assert "unmatchable:" not in plan, plan
     status = json.loads(provisioner(config(False), "status", "--json"))
     assert status["unmatchable"] == [] and sum(d["idle"] for d in status["demand"]) == 3, status
+
+
+def test_jobs_no_real_pilot_matches_are_found_stuck_and_get_no_pilot() -> None:
+    clean_pool()
+    directory = service_dir()
+
+    def edit(data: dict) -> None:
+        data.setdefault("policy", {})["stuck_after_s"] = STUCK_AFTER_S
+    svc = Service(write_config(directory, edit), directory / "service.log")
+    cluster = submit("nowhere", 2, 5, extra='requirements = (TARGET.Machine == "no-such-node")'
+                     '\n+DesiredSites = "frankfurt"\n')
+    try:
+        with SiteWatch() as watch:
+            svc.start()
+            # the prototype cannot tell a node's name: a pilot is started for them
+            wait_for("a pilot in the pool", pilot_startds, 180)
+            joined = time.time()
+            wait_for("the jobs reported stuck", lambda: "stuck: matches no pilot" in svc.text(),
+                     STUCK_AFTER_S + 60)
+            assert time.time() - joined >= STUCK_AFTER_S - 15, svc.text()
+            # `provisioner status` shows them as the service treats them (journal)
+            status = json.loads(provisioner(svc.config, "status", "--json"))
+            assert [u["idle"] for u in status["unmatchable"]
+                    if u["reason"].startswith("stuck")] == [2], status
+            wait_for("the pilot released", lambda: not any(all_pilot_jobs().values()), 90)
+            seen = {site: set(ids) for site, ids in watch.seen.items()}
+            time.sleep(30)  # 3 full cycles: no pilot is started for them again
+            assert watch.seen == seen, (seen, watch.seen)
+        assert sum(len(ids) for ids in seen.values()) == 1, seen
+        log = svc.text()
+        [line] = [ln for ln in log.splitlines() if "idle jobs stuck" in ln]
+        assert "2 idle jobs" in line and "no-such-node" in line, line
+        # the jobs themselves are untouched: still idle in the queue
+        left = run(["condor_q", "-all", str(cluster), "-af", "JobStatus"]).stdout.split()
+        assert left == ["1", "1"], left
+        assert "Traceback" not in log
+    finally:
+        svc.stop()
+        print(f"--- service log ({svc.log}) ---\n{svc.text()}")
+        clean_pool()

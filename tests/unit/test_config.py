@@ -101,6 +101,15 @@ def test_quick_check_longer_than_interval_is_refused(tmp_path: Path) -> None:
     assert "policy.quick_check_s" in msg and "30" in msg and "interval_s 10" in msg
 
 
+def test_stuck_after_that_outlasts_an_unclaimed_pilot_is_refused(tmp_path: Path) -> None:
+    # default noclaim_shutdown_s 1200: a pilot ends before 1000 s + a 300 s interval
+    p, msg = rejected(tmp_path, "interval_s: 300", "interval_s: 300\n  stuck_after_s: 1000")
+    assert str(p) in msg and "sites[0].runtime.noclaim_shutdown_s" in msg
+    assert "1200" in msg and "stuck_after_s 1000" in msg and "interval_s 300" in msg
+    text = SAMPLE.read_text().replace("interval_s: 300", "interval_s: 300\n  stuck_after_s: 0")
+    assert load_config(write(tmp_path, text)).policy.stuck_after_s == 0  # 0: never stuck
+
+
 def test_ssh_executor_fields_are_checked_by_the_executor_model(tmp_path: Path) -> None:
     conf = "    slurm_conf: /etc/slurm-frankfurt/slurm.conf\n"
 

@@ -22,12 +22,20 @@ def test_reset_drops_the_testbeds_policy_and_keeps_its_sites() -> None:
     out, lines = small.reset_policy(data)
     assert data == before  # the input is left alone
     assert "policy" not in out
-    assert {k: v for k, v in out.items()} == {k: v for k, v in data.items() if k != "policy"}
+    assert {k: v for k, v in out.items() if k != "sites"} == \
+        {k: v for k, v in data.items() if k not in ("policy", "sites")}
+    # the pilots' no-claim timer goes back to its default too (the default stuck_after_s
+    # is refused beside the testbed's short one); nothing else of the sites changes
+    for site_out, site_in in zip(out["sites"], data["sites"], strict=True):
+        runtime_in = dict(site_in["runtime"])
+        runtime_in.pop("noclaim_shutdown_s")
+        assert site_out == {**site_in, "runtime": runtime_in}
+    assert "sites[0].runtime.noclaim_shutdown_s: 600 -> 1200" in lines
     assert "policy.interval_s: 10 -> 300" in lines
     assert "policy.quick_check_s: 3 -> 10" in lines
     assert "policy.reserve.enabled: false -> true" in lines
     assert "policy.idle_release_cycles: 2 -> 1" in lines
-    assert len(lines) == len(list(small._flat(data["policy"])))
+    assert len(lines) == len(list(small._flat(data["policy"]))) + len(data["sites"])
     config = Config.model_validate(out)
     assert config.policy == PolicyConfig()
     assert [s.name for s in config.sites] == ["gsi", "frankfurt"]

@@ -92,3 +92,23 @@ def test_a_pilot_too_small_or_elsewhere_is_no_evidence_and_zero_turns_it_off() -
     for t in (0, 300, 600, 900):
         ctl.cycle(world(), NOW + t)
     assert not ctl.stuck.stuck
+
+def test_stuck_shapes_survive_a_restart_through_the_controller_state() -> None:
+    import json
+
+    shape = replace(SHAPE, desired_sites=("gsi",), runtime_s=60,
+                    match_attrs=(("Owner", '"alice"'),))
+    ctl = controller()
+    for t in (0, 300, 600):
+        ctl.cycle(world(shape=shape), NOW + t)
+    assert ctl.stuck.stuck
+    restarted = controller()
+    restarted.load(json.loads(json.dumps(ctl.state())))  # as the journal keeps it
+    assert restarted.stuck.stuck == ctl.stuck.stuck
+    # the restarted service starts no pilot for them
+    result = restarted.cycle(replace(world(shape=shape), pilots=()), NOW + 900)
+    assert not result.submits and [u.reason for u in result.unmatchable] == [
+        ctl.stuck.stuck[shape][1]]
+    broken = controller()
+    broken.load({"stuck": [{"shape": {"cpus": "x"}, "idle": 1, "reason": "r"}, "junk"]})
+    assert not broken.stuck.stuck
