@@ -94,7 +94,7 @@ def cmd_status(config: Config, as_json: bool) -> int:
     j = prov.journal
     learnt = j.get("controller") or {}
     # shapes the service found stuck are shown as it treats them: matching no site
-    stuck = StuckGroups(config.policy.stuck_after_s)
+    stuck = StuckGroups(config.policy.stuck_after_s, config.policy.stuck_retry_s)
     stuck.load(learnt.get("stuck") or [])
     snap = replace(snap, demand=stuck.mark(snap.demand))
     st = gather(config, snap, now, breakers_of(j), j.get("flagged", {}) or {},

@@ -172,8 +172,13 @@ class PolicyConfig(_Model):
     match_requirements: bool = True
     #: A shape whose jobs stay idle this long while the same fitting pilot stays unclaimed
     #: (the negotiator never matches them) is stuck: reported once and not provisioned
-    #: for until its shape changes or fewer of its jobs are idle. 0: never.
+    #: for until its shape changes, fewer of its jobs are idle or stuck_retry_s has
+    #: passed. 0: never.
     stuck_after_s: float = Field(default=600, ge=0)
+    #: A stuck shape is provisioned for again this long after it was found stuck (one
+    #: pilot is tried; still stuck, it is reported again): a cause that goes away (a
+    #: negotiator down for longer than stuck_after_s) never strands it for good.
+    stuck_retry_s: float = Field(default=3600, gt=0)
     reserve: ReserveConfig = ReserveConfig()
     placement: PlacementConfig = PlacementConfig()
     breaker: BreakerConfig = BreakerConfig()

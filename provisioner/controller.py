@@ -128,7 +128,8 @@ class Controller:
         self.estimates = Estimates(self.config.policy.placement)
         b = self.config.policy.breaker
         self.breakers = SiteBreakers(b.threshold, b.base_s, b.max_s)
-        self.stuck = StuckGroups(self.config.policy.stuck_after_s)
+        self.stuck = StuckGroups(self.config.policy.stuck_after_s,
+                                 self.config.policy.stuck_retry_s)
 
     # -- what survives a restart -------------------------------------------------------
     def state(self) -> dict[str, Any]:

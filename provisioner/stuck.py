@@ -5,9 +5,12 @@ negotiator may still never match it (an attribute the prototype has and real pil
 a START clause of the node, a pool policy). A shape whose jobs stay idle for
 `policy.stuck_after_s` while the same fitting pilot stays unclaimed beside them is stuck:
 reported once, and not provisioned for (its rows become unmatchable) until its shape
-changes or fewer of its jobs are idle (one started, or the user removed some). Without
-this, a pilot is kept for it, and when the pilot's no-claim shutdown ends it a new one is
-started, for ever.
+changes, fewer of its jobs are idle (one started, or the user removed some) or
+`policy.stuck_retry_s` has passed. Without this, a pilot is kept for it, and when the
+pilot's no-claim shutdown ends it a new one is started, for ever. The retry keeps a shape
+from being stranded by a cause that goes away (a negotiator down for longer than
+stuck_after_s, a node attribute an admin fixes): at worst one pilot per retry period is
+spent on a shape that is still stuck.
 """
 
 from __future__ import annotations
@@ -34,15 +37,25 @@ class Waiting:
 
 
 @dataclass
+class Stuck:
+    """A stuck shape: its idle jobs at the last look, the reason shown, found when."""
+
+    idle: int
+    reason: str
+    at: float
+
+
+@dataclass
 class StuckGroups:
     after_s: float
+    #: a stuck shape is provisioned for again this long after it was found stuck
+    retry_s: float = 3600.0
     waiting: dict[JobShape, Waiting] = field(default_factory=dict)
-    #: stuck shape -> (idle jobs at the last look, the reason shown)
-    stuck: dict[JobShape, tuple[int, str]] = field(default_factory=dict)
+    stuck: dict[JobShape, Stuck] = field(default_factory=dict)
 
     def observe(self, snapshot: Snapshot, config: Config, now: float) -> list[str]:
         """Follow this cycle's idle shapes and unclaimed pilots; returns what changed, in
-        words (newly stuck, no longer stuck)."""
+        words (newly stuck, no longer stuck, retried)."""
         if not snapshot.pool_known:
             return []
         idle: dict[JobShape, int] = {}
@@ -52,12 +65,16 @@ class StuckGroups:
                 idle[d.shape] = idle.get(d.shape, 0) + d.idle
                 first.setdefault(d.shape, d)
         out = []
-        for shape, (was, _why) in list(self.stuck.items()):
-            if idle.get(shape, 0) < was:
+        for shape, st in list(self.stuck.items()):
+            if idle.get(shape, 0) < st.idle:
                 del self.stuck[shape]
                 out.append(f"no longer stuck (fewer idle jobs): {describe(shape)}")
+            elif now - st.at >= self.retry_s:
+                del self.stuck[shape]
+                out.append(f"stuck for {now - st.at:.0f} s, provisioned for again (a pilot "
+                           f"is tried once more): {describe(shape)}")
             else:
-                self.stuck[shape] = (idle[shape], self.stuck[shape][1])
+                st.idle = idle[shape]
         known = {v.name for v in snapshot.sites if v.known}
         unclaimed = [p for p in snapshot.pilots
                      if p.state is PilotState.IDLE and p.site in known]
@@ -83,7 +100,7 @@ class StuckGroups:
                     pilot = min(w.pilots)
                     why = (f"{STUCK} (idle {now - w.since:.0f} s while pilot {pilot} stayed "
                            "unclaimed)")
-                    self.stuck[shape] = (n, why)
+                    self.stuck[shape] = Stuck(n, why, now)
                     del self.waiting[shape]
                     out.append(f"{n} idle jobs {why}: {describe(shape)}; not provisioned "
                                "for until their shape changes or one of them starts")
@@ -92,8 +109,8 @@ class StuckGroups:
     def to_list(self) -> list[dict[str, Any]]:
         """The stuck shapes, JSON-able: a restarted service keeps them (it would otherwise
         start a pilot for them once more) and `provisioner status` shows them."""
-        return [{"shape": asdict(shape), "idle": idle, "reason": why}
-                for shape, (idle, why) in sorted(self.stuck.items(), key=lambda kv: repr(kv[0]))]
+        return [{"shape": asdict(shape), "idle": st.idle, "reason": st.reason, "at": st.at}
+                for shape, st in sorted(self.stuck.items(), key=lambda kv: repr(kv[0]))]
 
     def load(self, data: Sequence[Any]) -> None:
         """Restore what `to_list()` wrote; malformed entries are skipped."""
@@ -102,7 +119,8 @@ class StuckGroups:
                 d = dict(e["shape"])
                 d["desired_sites"] = tuple(d.get("desired_sites") or ())
                 d["match_attrs"] = tuple((str(k), str(v)) for k, v in d.get("match_attrs") or ())
-                self.stuck[JobShape(**d)] = (int(e["idle"]), str(e["reason"]))
+                self.stuck[JobShape(**d)] = Stuck(int(e["idle"]), str(e["reason"]),
+                                                  float(e.get("at", 0.0)))
             except (KeyError, TypeError, ValueError):
                 continue
 
@@ -110,7 +128,7 @@ class StuckGroups:
         """`rows` with every stuck shape matching no site, the reason attached."""
         if not self.stuck:
             return tuple(rows)
-        return tuple(replace(d, sites=frozenset(), mismatch=self.stuck[d.shape][1])
+        return tuple(replace(d, sites=frozenset(), mismatch=self.stuck[d.shape].reason)
                      if d.shape in self.stuck else d for d in rows)
 
 

@@ -108,7 +108,29 @@ def test_stuck_shapes_survive_a_restart_through_the_controller_state() -> None:
     # the restarted service starts no pilot for them
     result = restarted.cycle(replace(world(shape=shape), pilots=()), NOW + 900)
     assert not result.submits and [u.reason for u in result.unmatchable] == [
-        ctl.stuck.stuck[shape][1]]
+        ctl.stuck.stuck[shape].reason]
     broken = controller()
     broken.load({"stuck": [{"shape": {"cpus": "x"}, "idle": 1, "reason": "r"}, "junk"]})
     assert not broken.stuck.stuck
+
+
+def test_a_stuck_group_is_tried_again_after_the_retry_period() -> None:
+    # e.g. the negotiator was down longer than stuck_after_s: without a retry the group
+    # would never get a pilot again (no job of it can start, so its idle count never drops)
+    cfg = config(site("gsi"))
+    policy = cfg.policy.model_copy(update={"stuck_after_s": 600, "stuck_retry_s": 3600})
+    ctl = Controller(cfg.model_copy(update={"policy": policy}))
+    for t in (0, 300, 600):
+        ctl.cycle(world(), NOW + t)
+    assert ctl.stuck.stuck
+    gone = replace(world(), pilots=())
+    result = ctl.cycle(gone, NOW + 600 + 3599)
+    assert not result.submits and result.unmatchable
+    result = ctl.cycle(gone, NOW + 600 + 3600)
+    assert result.submits and not result.unmatchable and not ctl.stuck.stuck
+    assert ctl.transitions and "provisioned for again" in ctl.transitions[0]
+    # still stuck on the new pilot: found stuck again after stuck_after_s, reported again
+    t0 = NOW + 600 + 3700
+    for t in (0, 300, 600):
+        result = ctl.cycle(world(job_id="9"), t0 + t)
+    assert ctl.stuck.stuck and result.unmatchable
