@@ -136,7 +136,7 @@ def render(st: Mapping[str, Any], tty: bool = False) -> str:
     out += _table(rows, ["cores", "memory MB", "runtime s", "idle jobs", "fits sites"]) \
         if rows else ["  no matchable idle jobs"]
     if st["unmatchable"]:
-        out.append(bold("\nUnmatchable (no site can run them):"))
+        out.append(bold("\nUnmatchable (no pilot would run them; no pilot is started for them):"))
         out += [red(f"  {u['idle']} job(s) {u['cores']} cores/{u['memory_mb']} MB: "
                     f"{u['reason']}") for u in st["unmatchable"]]
     last = st["last_cycle"]
