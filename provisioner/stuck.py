@@ -103,7 +103,8 @@ class StuckGroups:
                     self.stuck[shape] = Stuck(n, why, now)
                     del self.waiting[shape]
                     out.append(f"{n} idle jobs {why}: {describe(shape)}; not provisioned "
-                               "for until their shape changes or one of them starts")
+                               "for until their shape changes, one of them starts or "
+                               f"{self.retry_s:.0f} s have passed")
         return out
 
     def to_list(self) -> list[dict[str, Any]]:

@@ -13,9 +13,9 @@ from tests.unit.helpers import NOW, config, pilot, site, snap
 SHAPE = JobShape(1, 2000, requirements='TARGET.Arch == "X86_64" && TARGET.HasMagic =?= true')
 
 
-def controller(after: float = 600) -> Controller:
+def controller(after: float = 600, retry: float = 3600) -> Controller:
     cfg = config(site("gsi"))
-    policy = cfg.policy.model_copy(update={"stuck_after_s": after})
+    policy = cfg.policy.model_copy(update={"stuck_after_s": after, "stuck_retry_s": retry})
     return Controller(cfg.model_copy(update={"policy": policy}))
 
 
@@ -93,6 +93,7 @@ def test_a_pilot_too_small_or_elsewhere_is_no_evidence_and_zero_turns_it_off() -
         ctl.cycle(world(), NOW + t)
     assert not ctl.stuck.stuck
 
+
 def test_stuck_shapes_survive_a_restart_through_the_controller_state() -> None:
     import json
 
@@ -117,9 +118,7 @@ def test_stuck_shapes_survive_a_restart_through_the_controller_state() -> None:
 def test_a_stuck_group_is_tried_again_after_the_retry_period() -> None:
     # e.g. the negotiator was down longer than stuck_after_s: without a retry the group
     # would never get a pilot again (no job of it can start, so its idle count never drops)
-    cfg = config(site("gsi"))
-    policy = cfg.policy.model_copy(update={"stuck_after_s": 600, "stuck_retry_s": 3600})
-    ctl = Controller(cfg.model_copy(update={"policy": policy}))
+    ctl = controller(after=600, retry=3600)
     for t in (0, 300, 600):
         ctl.cycle(world(), NOW + t)
     assert ctl.stuck.stuck
