@@ -37,17 +37,25 @@ def idle_ad_keys(ads: Mapping[str, PilotAd]) -> frozenset[str]:
 
 
 def pilot_state(job: SiteJob, ad: PilotAd | None,
-                running_on: frozenset[str] = frozenset(), site: str = "") -> PilotState:
+                running_on: frozenset[str] = frozenset(), site: str = "",
+                past_stop: bool = False) -> PilotState:
     """The pilot's state from its SLURM job, its startd ad (None: no ad) and the
     startds the schedd runs jobs on (busy even if its ad is missing, e.g. after
-    a collector restart)."""
+    a collector restart).
+
+    `past_stop`: the pilot is within its shutdown margin (and SLURM's signal slop) of
+    its walltime end, where a pilot with no ad has ended its startd for good rather
+    than not started it yet: ENDING, however long its batch job lingers."""
     if job.state is SiteJobState.PENDING:
         return PilotState.PENDING
     if job.state is SiteJobState.ENDING:
         return PilotState.ENDING
     if ad is None:
-        busy = runs_jobs(site, job.job_id, running_on)
-        return PilotState.BUSY if busy else PilotState.STARTING
+        if runs_jobs(site, job.job_id, running_on):
+            return PilotState.BUSY
+        if past_stop:
+            return PilotState.ENDING
+        return PilotState.STARTING
     if ad.draining:
         return PilotState.DRAINING
     if ad_busy(ad, running_on):
@@ -56,12 +64,17 @@ def pilot_state(job: SiteJob, ad: PilotAd | None,
 
 
 def merge_pilots(site: str, jobs: list[SiteJob], ads: Mapping[str, PilotAd],
-                 running_on: frozenset[str] = frozenset()) -> list[Pilot]:
-    """One Pilot per live SLURM job of the site, with what its startd advertises."""
+                 running_on: frozenset[str] = frozenset(), now: float | None = None,
+                 margin_s: float = 0.0) -> list[Pilot]:
+    """One Pilot per live SLURM job of the site, with what its startd advertises.
+    With `now`, a running pilot with no ad within `margin_s` of its walltime end is
+    ENDING (its startd has stopped for good), not STARTING (capacity to come)."""
     out = []
     for job in jobs:
         ad = ads.get(f"{site}/{job.job_id}")
-        state = pilot_state(job, ad, running_on, site)
+        past_stop = (now is not None and job.ends_at is not None
+                     and now >= job.ends_at - margin_s)
+        state = pilot_state(job, ad, running_on, site, past_stop)
         up = state in (PilotState.IDLE, PilotState.BUSY, PilotState.DRAINING)
         busy_draining = state is PilotState.DRAINING and ad is not None and ad_busy(
             ad, running_on)
@@ -108,7 +121,8 @@ def ad_only_pilots(site: str, ads: Mapping[str, PilotAd], now: float,
 class Disagreements:
     """Where SLURM and the collector disagree, each reported once: a startd ad whose SLURM
     job is gone (a ghost: never counted as capacity), and a pilot that was running jobs
-    and is gone from SLURM (at its walltime, or lost)."""
+    and is gone from SLURM (at its walltime, or lost), also when it was ending in
+    between (its startd gone before its batch job)."""
 
     ghosts: set[str] = field(default_factory=set)  # already reported
     busy_ends: dict[str, float | None] = field(default_factory=dict)  # busy -> walltime end
@@ -136,6 +150,9 @@ class Disagreements:
             else:
                 out.append(f"pilot {key} left SLURM while running jobs (node lost or pilot "
                            "killed); HTCondor runs them again after their job lease")
-        self.busy_ends = {p.key: p.walltime_end for p in pilots
-                          if p.state is PilotState.BUSY and p.site in jobs}
+        # busy, or ending since it was last seen busy (its startd gone, its batch
+        # job not yet): its running jobs end with it
+        self.busy_ends = {p.key: p.walltime_end for p in pilots if p.site in jobs and (
+            p.state is PilotState.BUSY
+            or (p.state is PilotState.ENDING and p.key in self.busy_ends))}
         return out

@@ -177,7 +177,8 @@ class Provisioner:
                 # taken at an unknown site.
                 last = self.last_jobs.get(site.name)
                 if last is not None:
-                    pilots.extend(merge_pilots(site.name, last, ads, running_on))
+                    pilots.extend(merge_pilots(site.name, last, ads, running_on, now,
+                                               self._margin(site.name)))
                 else:
                     pilots.extend(ad_only_pilots(site.name, ads, now, running_on))
                 continue
@@ -186,7 +187,8 @@ class Provisioner:
             jobs[site.name] = site_jobs
             self.last_jobs[site.name] = site_jobs
             views.append(SiteView(site.name, known=True))
-            pilots.extend(merge_pilots(site.name, site_jobs, ads, running_on))
+            pilots.extend(merge_pilots(site.name, site_jobs, ads, running_on, now,
+                                       self._margin(site.name)))
         snapshot = Snapshot(
             demand=demand, pilots=tuple(pilots), sites=tuple(views), pool_known=pool_known,
             recent_arrivals=arrivals, last_arrival_at=newest)

@@ -10,7 +10,9 @@ says what happened.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import htcondor2 as htcondor
@@ -243,6 +245,12 @@ def _short_walltime(data: dict) -> None:
             site["caps"].update(max_pilots=0, max_pending=0)
 
 
+def _event_times(logfile: Path, code: str) -> list[float]:
+    """When each event `code` of a job event log happened (the log's local time)."""
+    return [datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").timestamp()
+            for m in re.finditer(rf"^{code} \(\S+\) (\S+ \S+)", logfile.read_text(), re.M)]
+
+
 def test_pilot_reaching_walltime_with_a_job_that_stated_no_runtime() -> None:
     clean_pool()
     directory = service_dir()
@@ -259,6 +267,17 @@ def test_pilot_reaching_walltime_with_a_job_that_stated_no_runtime() -> None:
             assert_converged(svc, watch)
         assert "reached its walltime with jobs running" in svc.text(), svc.text()
         assert len(watch.seen["gsi"]) >= 2
+        # SLURM's warning (90 s before the end, up to 60 s early) drains the startd;
+        # the running job retires on until the pilot's last minute, not cut at the
+        # warning. The first pilot's walltime end is in its log.
+        first = min(watch.seen["gsi"], key=int)
+        log = Path(f"/var/log/pilots/htcpilot-testbed-gsi-{first}.out").read_text()
+        found = re.search(r"walltime end (\d+)\)", log)
+        assert found is not None, log
+        end = int(found.group(1))
+        [evicted, *_] = _event_times(ALICE / "out" / "walltime" / "job.log", "004")
+        assert end - 80 <= evicted <= end - 40, (
+            f"evicted {end - evicted:.0f} s before the walltime end (expected about 60)")
     finally:
         svc.stop()
         print(f"--- service log ({svc.log}) ---\n{svc.text()}")

@@ -148,6 +148,20 @@ def test_pilot_state_table(slurm: SiteJobState, ad_attrs: dict[str, object] | No
     assert pilots[0].state is expected and pilots[0].key == "gsi/7"
 
 
+def test_a_running_pilot_without_an_ad_is_ending_past_its_stop_time() -> None:
+    job = SiteJob("7", SiteJobState.RUNNING, 4, 7800, 1000.0, 1010.0, 4610.0)
+    assert pilot_state(job, None, past_stop=True) is PilotState.ENDING
+    # the schedd still runs a job there: busy, whatever the time
+    assert pilot_state(job, None, frozenset({"pilot-gsi-7@n"}), "gsi", True) is PilotState.BUSY
+    states = [merge_pilots("gsi", [job], {}, now=now, margin_s=150.0)[0].state
+              for now in (4459.0, 4460.0, 4600.0)]
+    assert states == [PilotState.STARTING, PilotState.ENDING, PilotState.ENDING]
+    # without a known end (or a time), never guessed
+    unknown = SiteJob("8", SiteJobState.RUNNING, 4, 7800, 1000.0, 1010.0, None)
+    assert merge_pilots("gsi", [unknown], {}, now=9e9, margin_s=150.0)[0].state \
+        is PilotState.STARTING
+
+
 ENV = {"PILOT_SITE": "gsi", "PILOT_PROVISIONER_ID": "t", "PILOT_COLLECTOR": "cm.example:9618",
        "PILOT_UID_DOMAIN": "example", "PILOT_IMAGE": "/img.sif", "PILOT_TOKEN_FILE": "/t",
        "PILOT_CONDOR_CONFIG": "/c", "PILOT_WALLTIME_S": "3600", "SLURM_JOB_ID": "42",

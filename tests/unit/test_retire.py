@@ -253,3 +253,32 @@ def test_a_simulated_retiring_pilot_still_takes_a_job_that_arrives() -> None:
     assert first.start + RetireWhenBusy.tick_s < third.start < first.end  # while retiring
     p = world.all_pilots[0]
     assert p.ended_at == max(j.end for j in world.jobs if j.end is not None)
+
+
+# -- the startd's retirement time ----------------------------------------------------
+def test_a_running_job_may_retire_until_the_pilots_last_minute_however_long_it_has_run() -> None:
+    """The startd grants MAXJOBRETIREMENTTIME less the job's run time: evaluated as the
+    startd does (in the slot's ad, which carries JobStart), what is left of a job's
+    retirement is the time to the pilot's last minute, for a job just started and one
+    that has run longer than that; and no soft-kill time is held back from it."""
+    import re
+    import time
+
+    import classad2 as classad
+
+    conf = (Path(__file__).parents[2] / "condor_config" / "pilot.conf").read_text()
+    found = re.search(r"^MAXJOBRETIREMENTTIME = (.*)$", conf, re.M)
+    assert found is not None
+    now = int(time.time())
+    end = now + 300
+    text = found.group(1).replace("$(PILOT_JOBS_END)", f"({end} - 60)")
+    assert re.search(r"^PILOT_JOBS_END = \(\$\(PilotWalltimeEnd\) - 60\)$", conf, re.M)
+    for age in (0, 120, 299, 2000):
+        slot = classad.ClassAd({"JobStart": now - age})
+        slot["MaxJobRetirementTime"] = classad.ExprTree(text)
+        granted = slot.eval("MaxJobRetirementTime")
+        assert abs((granted - age) - (end - 60 - now)) <= 2, (age, granted)
+    # no job started: nothing to retire, and never an error
+    assert classad.ClassAd({"MaxJobRetirementTime": classad.ExprTree(text)}).eval(
+        "MaxJobRetirementTime") >= 238
+    assert re.search(r"^MachineMaxVacateTime = 0$", conf, re.M)

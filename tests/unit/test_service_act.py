@@ -213,6 +213,36 @@ def test_ghost_ads_and_pilots_lost_while_busy_are_reported_once(world, caplog) -
     assert "pilot gsi/8 reached its walltime with jobs running" in caplog.text
 
 
+def test_a_busy_pilot_whose_startd_ends_before_its_batch_job_is_ending_then_reported(
+        world, caplog) -> None:  # type: ignore[no-untyped-def]
+    """At its walltime a pilot's startd stops first; its batch job may linger until
+    SLURM's limit. Meanwhile it is ENDING (no capacity to come, not in the caps), and
+    its end is still the walltime end of a busy pilot."""
+    prov, pool, backends, clock = world
+    margin = prov._margin("gsi")
+    busy = PilotAd(site="gsi", job_id="7", name="pilot-gsi-7@node", walltime_end=20_000.0,
+                   cpus=4, memory_mb=8000, free_cpus=3, free_memory_mb=7000, claimed_slots=1,
+                   draining=False)
+    backends["gsi"].jobs = [running_job("7")]
+    pool.ads = {"gsi/7": busy}
+    clock.t = 20_000.0 - margin - 30
+    assert [p.state for p in prov.observe().snapshot.pilots] == [PilotState.BUSY]
+    pool.ads = {}  # the startd has stopped; SLURM still runs the batch job
+    clock.t = 20_000.0 - margin + 1
+    assert [p.state for p in prov.observe().snapshot.pilots] == [PilotState.ENDING]
+    clock.t = 20_000.0 - 10
+    assert [p.state for p in prov.observe().snapshot.pilots] == [PilotState.ENDING]
+    assert "gsi/7" not in caplog.text
+    backends["gsi"].jobs = []
+    clock.t = 20_001.0
+    prov.observe()
+    assert caplog.text.count("pilot gsi/7 reached its walltime with jobs running") == 1
+    # Before its stop time the same pilot without an ad is still starting.
+    backends["gsi"].jobs = [running_job("8")]
+    clock.t = 20_000.0 - margin - 1
+    assert [p.state for p in prov.observe().snapshot.pilots] == [PilotState.STARTING]
+
+
 def test_a_ghost_ad_does_not_make_every_quick_check_a_cycle(world) -> None:  # type: ignore[no-untyped-def]
     prov, pool, _, clock = world
     pool.ads = {"gsi/7": idle_ad("7")}  # in the collector, gone from SLURM
