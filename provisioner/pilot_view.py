@@ -121,18 +121,21 @@ def ad_only_pilots(site: str, ads: Mapping[str, PilotAd], now: float,
 class Disagreements:
     """Where SLURM and the collector disagree, each reported once: a startd ad whose SLURM
     job is gone (a ghost: never counted as capacity), and a pilot that was running jobs
-    and is gone from SLURM (at its walltime, or lost), also when it was ending in
-    between (its startd gone before its batch job)."""
+    and is gone from SLURM, also when it was ending in between (its startd gone before
+    its batch job): at its walltime, or lost while the schedd still runs jobs there. A
+    busy pilot that left once its jobs had ended (retired) is no disagreement."""
 
     ghosts: set[str] = field(default_factory=set)  # already reported
     busy_ends: dict[str, float | None] = field(default_factory=dict)  # busy -> walltime end
 
     def report(self, pilots: Iterable[Pilot], ads: Mapping[str, PilotAd],
                jobs: Mapping[str, list[SiteJob]], now: float,
-               margin: Callable[[str], float]) -> list[str]:
+               margin: Callable[[str], float],
+               running_on: frozenset[str] = frozenset()) -> list[str]:
         """This cycle's new disagreements, one line each. `pilots`: the cycle's pilots;
         `jobs`: the live SLURM jobs of the sites read (others are not judged);
-        `margin(site)`: how long before its walltime end a pilot of the site may stop."""
+        `margin(site)`: how long before its walltime end a pilot of the site may stop;
+        `running_on`: the startds the schedd runs jobs on now."""
         out = []
         live = {f"{site}/{j.job_id}" for site, site_jobs in jobs.items() for j in site_jobs}
         ghosts = {key for key, ad in ads.items() if ad.site in jobs and key not in live}
@@ -141,15 +144,16 @@ class Disagreements:
                        "node lost); not counted, the collector drops the ad")
         self.ghosts = ghosts
         for key, end in sorted(self.busy_ends.items()):
-            site = key.split("/", 1)[0]
+            site, job_id = key.split("/", 1)
             if site not in jobs or key in live:
                 continue
             if end is not None and now >= end - margin(site):
                 out.append(f"pilot {key} reached its walltime with jobs running (jobs that "
                            "state no +MaxRuntime can be cut off); HTCondor runs them again")
-            else:
+            elif runs_jobs(site, job_id, running_on):
                 out.append(f"pilot {key} left SLURM while running jobs (node lost or pilot "
                            "killed); HTCondor runs them again after their job lease")
+            # else its jobs had ended when it left (retired, or drained by the site)
         # busy, or ending since it was last seen busy (its startd gone, its batch
         # job not yet): its running jobs end with it
         self.busy_ends = {p.key: p.walltime_end for p in pilots if p.site in jobs and (

@@ -193,7 +193,8 @@ class Provisioner:
             demand=demand, pilots=tuple(pilots), sites=tuple(views), pool_known=pool_known,
             recent_arrivals=arrivals, last_arrival_at=newest)
         if pool_known:
-            for line in self.disagreements.report(snapshot.pilots, ads, jobs, now, self._margin):
+            for line in self.disagreements.report(snapshot.pilots, ads, jobs, now, self._margin,
+                                                  running_on):
                 log.warning("%s", line)
         return Observation(snapshot, ads, jobs, running_on, size)
 

@@ -196,6 +196,7 @@ def test_ghost_ads_and_pilots_lost_while_busy_are_reported_once(world, caplog) -
     pool.ads = {"gsi/7": busy}
     assert [p.state for p in prov.observe().snapshot.pilots] == [PilotState.BUSY]
     backends["gsi"].jobs = []  # killed: SLURM forgot it, the collector still has its ad
+    pool.running_on = frozenset({"pilot-gsi-7@node"})  # the schedd waits out its lease
     snap = prov.observe().snapshot
     assert snap.pilots == ()  # a ghost is never capacity
     assert caplog.text.count("gsi/7: startd ad in the collector but no SLURM job") == 1
@@ -211,6 +212,26 @@ def test_ghost_ads_and_pilots_lost_while_busy_are_reported_once(world, caplog) -
     clock.t = 19_950.0
     prov.observe()
     assert "pilot gsi/8 reached its walltime with jobs running" in caplog.text
+
+
+def test_a_busy_pilot_that_left_after_its_jobs_ended_is_not_reported_lost(
+        world, caplog) -> None:  # type: ignore[no-untyped-def]
+    """A retired pilot leaves within a second of its last job, often between two
+    observations: seen busy, then gone. The schedd runs nothing there any more, so it
+    is no lost node."""
+    prov, pool, backends, clock = world
+    busy = PilotAd(site="gsi", job_id="7", name="pilot-gsi-7@node", walltime_end=20_000.0,
+                   cpus=4, memory_mb=8000, free_cpus=3, free_memory_mb=7000, claimed_slots=1,
+                   draining=False)
+    backends["gsi"].jobs = [running_job("7")]
+    pool.ads, pool.running_on = {"gsi/7": busy}, frozenset({"pilot-gsi-7@node"})
+    assert [p.state for p in prov.observe().snapshot.pilots] == [PilotState.BUSY]
+    backends["gsi"].jobs, pool.ads, pool.running_on = [], {}, frozenset()
+    clock.t += 12
+    prov.observe()
+    clock.t += 12
+    prov.observe()
+    assert "gsi/7" not in caplog.text
 
 
 def test_a_busy_pilot_whose_startd_ends_before_its_batch_job_is_ending_then_reported(
