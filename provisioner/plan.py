@@ -75,7 +75,7 @@ class SiteRow:
 
     config: SiteConfig
     known: bool  # squeue answered this cycle
-    alive: int = 0  # non-ENDING pilots (what max_pilots counts)
+    held: int = 0  # pilots SLURM holds, ENDING ones too (what max_pilots counts)
     pending: int = 0
     existing: dict[int, CapacityIndex] = field(default_factory=dict)  # tier -> index
     room: dict[str, int] = field(default_factory=dict)  # cap name -> new pilots it allows
@@ -94,7 +94,7 @@ class SiteRow:
     def load(self) -> float:
         """Share of the site's pilot cap in use, new pilots of this cycle included."""
         opened = self.new.opened if self.new is not None else 0
-        return (self.alive + opened) / max(1, self.config.caps.max_pilots)
+        return (self.held + opened) / max(1, self.config.caps.max_pilots)
 
 
 def _deadline(p: Pilot, site: SiteConfig, now: float) -> float | None:
@@ -121,14 +121,15 @@ def site_rows(snapshot: Snapshot, config: Config) -> dict[str, SiteRow]:
         row = rows.get(p.site)
         if row is None:
             continue
-        if p.state is not PilotState.ENDING:
-            row.alive += 1
+        # An ENDING pilot is no capacity, but its batch job still holds the
+        # allocation until it leaves SLURM: the cap counts it.
+        row.held += 1
         if p.state is PilotState.PENDING:
             row.pending += 1
     for s in rows.values():
         caps = s.config.caps
         s.room = {
-            "max_pilots": caps.max_pilots - s.alive,
+            "max_pilots": caps.max_pilots - s.held,
             "max_pending": caps.max_pending - s.pending,
             "site max_submit_per_cycle": caps.max_submit_per_cycle,
         }

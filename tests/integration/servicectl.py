@@ -10,6 +10,7 @@ import signal
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -74,8 +75,15 @@ class Service:
 
 
 def pilot_ids(site: str) -> list[str]:
-    out = slurm(site, ["squeue", "-h", "-u", "pilot", "-o", "%i"], check=False)
-    return out.stdout.split() if out.returncode == 0 else []
+    return list(pilot_states(site))
+
+
+def pilot_states(site: str) -> dict[str, str]:
+    """The site's pilot jobs: SLURM job id -> squeue's compact state (PD, R, CG...)."""
+    out = slurm(site, ["squeue", "-h", "-u", "pilot", "-o", "%i %t"], check=False)
+    if out.returncode != 0:
+        return {}
+    return dict(line.split(None, 1) for line in out.stdout.splitlines() if " " in line)
 
 
 def pilot_ads() -> list[str]:
@@ -87,21 +95,42 @@ def pilot_ads() -> list[str]:
 
 class SiteWatch:
     """Samples every site's pilot jobs about once a second in the background:
-    the most seen at once per site, and every job id ever seen."""
+    the most seen at once per site, every job id ever seen, and when each one's
+    SLURM state changed (`story`, for a failing test's message)."""
 
     def __init__(self) -> None:
         self.most = {site: 0 for site in SITES}
         self.seen: dict[str, set[str]] = {site: set() for site in SITES}
+        self._last: dict[str, str] = {}  # "site/job" -> state last sampled
+        self.changes: list[tuple[float, str, str]] = []  # (time, "site/job", state)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            now = time.time()
             for site in SITES:
-                ids = pilot_ids(site)
-                self.most[site] = max(self.most[site], len(ids))
-                self.seen[site].update(ids)
+                states = pilot_states(site)
+                self.most[site] = max(self.most[site], len(states))
+                self.seen[site].update(states)
+                self._note(now, site, states)
             self._stop.wait(1.0)
+
+    def _note(self, now: float, site: str, states: dict[str, str]) -> None:
+        for key in [k for k in self._last if k.startswith(f"{site}/")]:
+            if key.split("/", 1)[1] not in states:
+                del self._last[key]
+                self.changes.append((now, key, "gone"))
+        for job, state in states.items():
+            key = f"{site}/{job}"
+            if self._last.get(key) != state:
+                self._last[key] = state
+                self.changes.append((now, key, state))
+
+    def story(self) -> str:
+        """Every pilot job's SLURM states with the local time each was first seen."""
+        return "; ".join(f"{time.strftime('%H:%M:%S', time.localtime(t))} {key} {state}"
+                         for t, key, state in self.changes)
 
     def __enter__(self) -> SiteWatch:
         self._thread.start()

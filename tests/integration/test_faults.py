@@ -81,7 +81,7 @@ def assert_converged(svc: Service, watch: SiteWatch) -> None:
                              f"{ {h: pilot_process_count(h) for s in SITES for h in WORKERS[s]} }"
                              ) from None
     for site in SITES:
-        assert watch.most[site] <= CAPS[site], (site, watch.most, svc.text())
+        assert watch.most[site] <= CAPS[site], (site, watch.most, watch.story(), svc.text())
 
 
 def test_kill_9_mid_cycle_then_restart_rebuilds_from_the_sites(service: Service) -> None:
@@ -259,8 +259,9 @@ def test_pilot_reaching_walltime_with_a_job_that_stated_no_runtime() -> None:
     cluster = submit_script("walltime", (
         'if grep -q "^NumJobStarts = 0" "$_CONDOR_JOB_AD"; then sleep 900; fi\n'
         'echo job-$1-ok\n'))
+    watch = SiteWatch()
     try:
-        with SiteWatch() as watch:
+        with watch:
             svc.start()
             wait_for("the job done on a second pilot", lambda: jobs_left(cluster) == 0, 600,
                      step=3)
@@ -281,6 +282,14 @@ def test_pilot_reaching_walltime_with_a_job_that_stated_no_runtime() -> None:
     finally:
         svc.stop()
         print(f"--- service log ({svc.log}) ---\n{svc.text()}")
+        print(f"--- pilot jobs in SLURM ---\n{watch.story()}")
+        for job in sorted(watch.seen["gsi"], key=int)[:1]:  # the pilot that reached its end
+            logs = Path("/var/log/pilots")
+            for path in (logs / f"htcpilot-testbed-gsi-{job}.out",
+                         *logs.glob(f"pilot-gsi-{job}@*/MasterLog")):
+                lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+                tail = "\n".join(x for x in lines if "pilot INFO master: " not in x)
+                print(f"--- {path} ---\n{tail[-4000:]}")
         clean_pool()
     assert_completed("walltime", 1, may_requeue=True)
 

@@ -143,6 +143,17 @@ def test_caps_max_pilots_and_max_pending() -> None:
     assert sum(s.count for s in submits(result)) == 2  # 1 pending, max 3
 
 
+def test_an_ending_pilot_is_no_capacity_but_counts_toward_max_pilots() -> None:
+    # Its startd has stopped for good while SLURM still holds its batch job (a
+    # pilot at its walltime): the job it ran is idle again and no longer placed
+    # on it, yet a new pilot would put the site over its cap until it leaves.
+    ending = pilot("1", PilotState.ENDING, cpus=1, free_cpus=0)
+    at_cap = plan(snap([(ONE, 1)], [ending]), config(site(cpus=1, max_pilots=1)), NOW)
+    assert submits(at_cap) == []
+    room = plan(snap([(ONE, 1)], [ending]), config(site(cpus=1, max_pilots=2)), NOW)
+    assert sum(s.count for s in submits(room)) == 1
+
+
 def test_idle_pilot_flagged_then_released() -> None:
     p = pilot("1", PilotState.IDLE)
     first = plan(snap([], [p]), config(), NOW)
