@@ -59,6 +59,11 @@ UNRETIRE_SIGNAL = signal.SIGCONT
 #: How often a retiring pilot looks (in /proc) whether its jobs have ended.
 RETIRE_POLL_S = 1.0
 STARTER = "condor_starter"
+#: How often the wrapper looks whether its master has ended, and how long the
+#: container may outlive it before the wrapper ends what is left: a batch job
+#: whose master is gone holds the allocation for nothing until SLURM kills it.
+MASTER_POLL_S = 1.0
+CONTAINER_LINGER_S = 20.0
 
 
 class PilotError(Exception):
@@ -365,35 +370,67 @@ def prepare(p: PilotParams) -> tuple[Path, Path]:
     return workdir, config
 
 
-def starters_below(root: int, proc: Path = Path("/proc")) -> int:
-    """How many condor_starter processes (one per running job) descend from process
-    `root`, from /proc (the pilot's container shares the node's PID namespace)."""
-    parent: dict[int, int] = {}
-    starters: list[int] = []
+@dataclass(frozen=True)
+class Proc:
+    """One process as /proc/PID/stat tells it."""
+
+    name: str
+    state: str  # R, S, D, Z (zombie), X (dead), ...
+    ppid: int
+
+
+def read_stat(stat: str) -> Proc | None:
+    """A /proc/PID/stat line; None if it cannot be read."""
+    close = stat.rfind(")")  # the command name may hold spaces and parentheses
+    fields = stat[close + 2:].split()
+    if close < 0 or len(fields) < 2 or not fields[1].isdigit():
+        return None
+    return Proc(stat[stat.find("(") + 1:close], fields[0], int(fields[1]))
+
+
+def process_table(proc: Path = Path("/proc")) -> dict[int, Proc]:
+    """Every process in /proc (the pilot's container shares the node's PID namespace)."""
+    table: dict[int, Proc] = {}
     for entry in proc.iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            stat = (entry / "stat").read_text()
+            found = read_stat((entry / "stat").read_text())
         except OSError:  # ended meanwhile
             continue
-        close = stat.rfind(")")  # the command name may hold spaces and parentheses
-        fields = stat[close + 2:].split()
-        if close < 0 or len(fields) < 2:
-            continue
-        pid = int(entry.name)
-        parent[pid] = int(fields[1])
-        if stat[stat.find("(") + 1:close] == STARTER:
-            starters.append(pid)
-    count = 0
-    for starter in starters:
-        pid = parent.get(starter, 0)
-        seen: set[int] = set()
-        while pid not in (0, 1, root) and pid not in seen:
-            seen.add(pid)
-            pid = parent.get(pid, 0)
-        count += pid == root
-    return count
+        if found is not None:
+            table[int(entry.name)] = found
+    return table
+
+
+def _below(pid: int, root: int, table: dict[int, Proc]) -> bool:
+    seen: set[int] = set()
+    pid = table[pid].ppid if pid in table else 0
+    while pid not in (0, 1, root) and pid not in seen:
+        seen.add(pid)
+        pid = table[pid].ppid if pid in table else 0
+    return pid == root
+
+
+def descendants(root: int, table: dict[int, Proc]) -> list[int]:
+    """The processes below `root` (not `root` itself)."""
+    return sorted(pid for pid in table if pid != root and _below(pid, root, table))
+
+
+def starters_below(root: int, proc: Path = Path("/proc")) -> int:
+    """How many condor_starter processes (one per running job) descend from process
+    `root`."""
+    table = process_table(proc)
+    return sum(1 for pid, p in table.items() if p.name == STARTER and _below(pid, root, table))
+
+
+def has_ended(pid: int, proc: Path = Path("/proc")) -> bool:
+    """Whether process `pid` has ended: gone, or a zombie its parent has not reaped."""
+    try:
+        found = read_stat((proc / str(pid) / "stat").read_text())
+    except OSError:
+        return True
+    return found is None or found.state in ("Z", "X")
 
 
 class Pilot:
@@ -413,6 +450,8 @@ class Pilot:
         self._unsure = False  # warned that running jobs cannot be told
         self.ended = threading.Event()  # the master has ended
         self.proc = Path("/proc")
+        self.root = os.getpid()  # the batch shell: the container runs below it
+        self.cleared: list[int] = []  # what outlived the master and was ended
 
     @property
     def stop_at(self) -> float:
@@ -573,6 +612,44 @@ class Pilot:
             if self.retiring and not self.jobs_running():
                 self.leave_if_idle("retired", "retired by the provisioner: its jobs are done")
 
+    def watch_container(self) -> None:
+        """Once the master has ended, give the container `CONTAINER_LINGER_S` to end
+        too; then say what is left below the batch shell and kill it, so the batch
+        job ends (and frees the allocation) instead of waiting for SLURM's kill at
+        the walltime."""
+        master = None
+        while not self.ended.wait(MASTER_POLL_S):
+            if master is None:
+                try:
+                    master = self._master_pid()
+                except (OSError, ValueError):  # not written yet
+                    continue
+                table = process_table(self.proc)
+                if master not in table or not _below(master, self.root, table):
+                    # Not a process of this node's view below us (a PID namespace?):
+                    # watching it could end a live pilot. The walltime kill remains.
+                    log.info("master pid %d not found below the batch shell: "
+                             "its end is not watched", master)
+                    return
+            if has_ended(master, self.proc):
+                break
+        else:
+            return
+        if self.ended.wait(CONTAINER_LINGER_S):
+            return
+        table = process_table(self.proc)
+        left = descendants(self.root, table)
+        log.warning("the master ended but its container is still there %.0f s later: "
+                    "ending what is left (%s)", CONTAINER_LINGER_S,
+                    ", ".join(f"{pid} {table[pid].name} {table[pid].state}" for pid in left)
+                    or "nothing below the batch shell")
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                self.cleared.append(pid)
+            except OSError as exc:
+                log.info("process %d: %s", pid, exc)
+
     def on_term(self, signum: int, _frame: Any) -> None:
         """Graceful: the master stops the startd, which lets running jobs retire."""
         if not self.stopping:
@@ -595,13 +672,17 @@ class Pilot:
         log.info("starting %s in %s (%d cores, %d MB, walltime end %d)", self.p.name,
                  self.p.image, self.p.cpus, self.p.memory_mb, self.p.walltime_end)
         rc = 0
+        watchdog = threading.Thread(target=self.watch_container, name="container",
+                                    daemon=True)
+        watchdog.start()
         try:
             for line in Client.execute(self.p.image, argv, bind=self._binds(),
                                        options=options, stream=True, quiet=True):
                 log.info("master: %s", line.rstrip())
         except Exception as exc:  # the container's exit status, or spython's error
-            rc = getattr(exc, "returncode", 1) or 1
-            if not self.stopping:
+            # A container ended by the watchdog had ended its master already.
+            rc = 0 if self.cleared else getattr(exc, "returncode", 1) or 1
+            if not self.stopping and not self.cleared:
                 log.error("the pilot container ended: %s", exc)
         self.ended.set()
         log.info("pilot %s ended (rc %d)", self.p.name, rc)

@@ -53,7 +53,7 @@ WORKERS = {site: [h for h, (_, s, role) in HOSTS.items() if s == site and
                   role.startswith("worker")] for site in SITES}
 
 
-def _pilot_processes(host: str) -> Iterator[int]:
+def pilot_processes(host: str) -> Iterator[int]:
     """Pids of the pilot account's processes on `host` (found by its network
     namespace): wrappers, containers, startds, starters and payloads."""
     want = os.stat(f"/run/netns/{host}")
@@ -71,13 +71,13 @@ def _pilot_processes(host: str) -> Iterator[int]:
 
 
 def pilot_process_count(host: str) -> int:
-    return sum(1 for _ in _pilot_processes(host))
+    return sum(1 for _ in pilot_processes(host))
 
 
 def kill_pilot_processes(host: str) -> int:
     """kill -9 every process of the pilot account on `host`; how many there were."""
     killed = 0
-    for pid in _pilot_processes(host):
+    for pid in pilot_processes(host):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
             killed += 1

@@ -10,14 +10,26 @@ says what happened.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import signal
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
 import htcondor2 as htcondor
 import pytest
-from conftest import LOGIN, SITES, WORKERS, kill_pilot_processes, pilot_process_count, run, slurm
+from conftest import (
+    LOGIN,
+    SITES,
+    WORKERS,
+    kill_pilot_processes,
+    pilot_process_count,
+    pilot_processes,
+    run,
+    slurm,
+)
 from servicectl import (
     Service,
     SiteWatch,
@@ -234,6 +246,52 @@ def test_pilot_killed_under_a_running_job(service: Service) -> None:
         wait_for("all jobs done", lambda: jobs_left(cluster) == 0, 360, step=2)
         assert_converged(service, watch)
     assert_completed("killed", 2, may_requeue=True)
+
+
+def _container_parent(host: str, name: str) -> int:
+    """The Apptainer process that runs pilot `name`'s master on `host`."""
+    for pid in pilot_processes(host):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        if argv[0].endswith(b"condor_master") and f"/{name}/".encode() in b" ".join(argv):
+            parent = int(stat[stat.rfind(")") + 2:].split()[1])
+            cmd = Path(f"/proc/{parent}/cmdline").read_bytes()
+            assert cmd.startswith(b"Apptainer runtime parent"), cmd
+            return parent
+    raise AssertionError(f"no master of {name} on {host}")
+
+
+def test_a_container_that_hangs_after_its_master_ended_does_not_hold_the_allocation(
+        service: Service) -> None:
+    # The container's runtime process stops (SIGSTOP: it can neither reap the master
+    # nor clean up), so the batch job would wait for SLURM's walltime kill, holding
+    # its cores for nothing. The wrapper sees the master gone and ends what is left.
+    cluster = submit("hang", 1, 20)
+    parent = 0
+    try:
+        with SiteWatch() as watch:
+            service.start()
+            startd = wait_for("a job running", lambda: _running_on(cluster), 120)[0]  # type: ignore[index]
+            name, host = startd.split("@")
+            site, job = name.removeprefix("pilot-").rsplit("-", 1)
+            parent = _container_parent(host, name)
+            os.kill(parent, signal.SIGSTOP)
+            wait_for("the job done", lambda: jobs_left(cluster) == 0, 120)
+            # released when idle (two quick checks), then 20 s of grace: far below
+            # the pilot's walltime (an hour), where SLURM would have ended it
+            wait_for("the pilot out of SLURM", lambda: job not in pilot_ids(site), 180, step=2)
+            assert_converged(service, watch)
+        text = Path(f"/var/log/pilots/htcpilot-testbed-{site}-{job}.out").read_text()
+        assert "its container is still there" in text, text
+        assert "Apptainer runtime parent" in text or f"{parent} " in text, text
+    finally:
+        if parent:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(parent, signal.SIGKILL)
+    assert_completed("hang", 1)
 
 
 def _short_walltime(data: dict) -> None:
