@@ -101,7 +101,7 @@ class SiteWatch:
     def __init__(self) -> None:
         self.most = {site: 0 for site in SITES}
         self.seen: dict[str, set[str]] = {site: set() for site in SITES}
-        self._last: dict[str, str] = {}  # "site/job" -> state last sampled
+        self._last: dict[str, dict[str, str]] = {}  # site -> job -> state last sampled
         self.changes: list[tuple[float, str, str]] = []  # (time, "site/job", state)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -117,15 +117,11 @@ class SiteWatch:
             self._stop.wait(1.0)
 
     def _note(self, now: float, site: str, states: dict[str, str]) -> None:
-        for key in [k for k in self._last if k.startswith(f"{site}/")]:
-            if key.split("/", 1)[1] not in states:
-                del self._last[key]
-                self.changes.append((now, key, "gone"))
-        for job, state in states.items():
-            key = f"{site}/{job}"
-            if self._last.get(key) != state:
-                self._last[key] = state
-                self.changes.append((now, key, state))
+        last = self._last.get(site, {})
+        self.changes += [(now, f"{site}/{job}", "gone") for job in last.keys() - states.keys()]
+        self.changes += [(now, f"{site}/{job}", state) for job, state in states.items()
+                         if last.get(job) != state]
+        self._last[site] = states
 
     def story(self) -> str:
         """Every pilot job's SLURM states with the local time each was first seen."""
