@@ -9,7 +9,12 @@ Records per wall-clock second how many blocks and bytes arrived. Then checks
 what it read: the whole file against a SHA-256 if one is given, and a sample of
 the blocks against a reference copy (by default the origin URL inside a cache
 URL, root://cache//root://origin//path; none for a file:// URL): a cache that
-serves wrong bytes fails.
+serves wrong bytes fails. Every open, stat, read and close waits at most
+`--timeout` seconds (default 120; XRootD's own default is 1800): a server that
+stops answering fails the run, naming the URL and the offset, instead of
+holding it (and its batch slot) for half an hour. A read that stalls so is tried
+once more on the file opened again, and a line on stdout says so
+(`bench read: warning: ...`; campaign reports list these); a second stall fails.
 
 The schedule, the per-second records and the comparison are pure; `read_url`
 does the I/O through a small `Opener` (the XRootD Python bindings in service).
@@ -20,8 +25,10 @@ benchmark job can ship it as its executable: `python3 benchread.py URL...`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import hashlib
+import os
 import random
 import re
 import sys
@@ -31,12 +38,24 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 MIB = 1 << 20
+#: Seconds an XRootD request may go unanswered (the client checks every 15 s).
+DEFAULT_TIMEOUT_S = 120
+MAX_TIMEOUT_S = 65535  # XRootD's request timeout is 16 bits
 _SIZE = re.compile(r"^([0-9]+)([KMGT]?)(i?B)?$", re.IGNORECASE)
 _FACTORS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 class ReadError(Exception):
     """A read that failed or returned wrong bytes; the message names URL and offset."""
+
+
+class Stalled(ReadError):
+    """A request the server did not answer within the timeout."""
+
+
+#: How the reader starts a line about a stall it recovered from (on stdout); campaign
+#: reports list these lines.
+WARNING = "bench read: warning: "
 
 
 def parse_size(text: str) -> int:
@@ -188,11 +207,45 @@ def compare_sample(url: str, reference: str, open_file: Opener, read_at: Sequenc
         b.close()
 
 
+class RetryOnce:
+    """A file whose read, if it stalls, is tried once more on the file opened again (a
+    new request, often on a new connection), and `warn` says so; a second stall, or any
+    other error, fails. Once per file: a server that keeps stalling fails the run."""
+
+    def __init__(self, url: str, open_file: Opener, warn: Callable[[str], None]) -> None:
+        self.url = url
+        self._open = open_file
+        self._warn = warn
+        self._f = open_file(url)
+        self.size = self._f.size
+        self.retried = False
+
+    def read(self, offset: int, length: int) -> bytes:
+        try:
+            return self._f.read(offset, length)
+        except Stalled as exc:
+            if self.retried:
+                raise
+            self.retried = True
+            self._warn(f"{exc}; opened the file again and read the block again")
+            with contextlib.suppress(ReadError):
+                self._f.close()
+            self._f = self._open(self.url)
+            return self._f.read(offset, length)
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def warn(message: str) -> None:
+    print(WARNING + message, flush=True)
+
+
 class XRootDFile:
     """A file opened with the XRootD Python bindings (python3-xrootd): root:// URLs, and
     file:///path, which the client opens on the local file system."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, timeout: int = DEFAULT_TIMEOUT_S) -> None:
         try:
             from XRootD import client
             from XRootD.client.flags import OpenFlags
@@ -200,24 +253,36 @@ class XRootDFile:
             raise ReadError("the XRootD Python bindings are not installed "
                             "(Debian: python3-xrootd; PyPI: xrootd)") from exc
         self.url = url
+        self.timeout = timeout
         self._f = client.File()
-        status, _ = self._f.open(url, OpenFlags.READ)
+        status, _ = self._f.open(url, OpenFlags.READ, timeout=timeout)
         if not status.ok:
-            raise ReadError(f"{url}: cannot open: {status.message.strip()}")
-        status, info = self._f.stat()
+            raise ReadError(f"{url}: cannot open: {self._why(status)}")
+        status, info = self._f.stat(timeout=timeout)
         if not status.ok:
-            raise ReadError(f"{url}: cannot stat: {status.message.strip()}")
+            raise ReadError(f"{url}: cannot stat: {self._why(status)}")
         self.size = int(info.size)
 
+    @staticmethod
+    def _expired(status: object) -> bool:
+        """XRootD's words for a request it gave up waiting for."""
+        return "expired" in str(getattr(status, "message", "")).lower()
+
+    def _why(self, status: object) -> str:
+        message = str(getattr(status, "message", status)).strip()
+        if self._expired(status):
+            message += f" (no answer within --timeout {self.timeout} s)"
+        return message
+
     def read(self, offset: int, length: int) -> bytes:
-        status, data = self._f.read(offset, length)
+        status, data = self._f.read(offset, length, timeout=self.timeout)
         if not status.ok:
-            raise ReadError(f"{self.url}: read at offset {offset} failed: "
-                            f"{status.message.strip()}")
+            error = Stalled if self._expired(status) else ReadError
+            raise error(f"{self.url}: read at offset {offset} failed: {self._why(status)}")
         return bytes(data)
 
     def close(self) -> None:
-        self._f.close()
+        self._f.close(timeout=self.timeout)
 
 
 
@@ -236,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="URL to compare a sample of blocks with; 'auto' (default): the "
                              "origin inside a cache URL; 'none': no comparison")
     parser.add_argument("--samples", type=int, default=4, help="blocks compared (default 4)")
+    parser.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT_S, metavar="S",
+                        help="seconds an open, stat, read or close may go unanswered "
+                             f"(default {DEFAULT_TIMEOUT_S}; XRootD checks every 15 s)")
     parser.add_argument("--csv", default=None,
                         help="per-second records: url,second,blocks,bytes,start,end (start "
                              "and end: the URL's read, Unix time to the ms)")
@@ -245,12 +313,19 @@ def main(argv: list[str] | None = None) -> int:
         max_bytes = parse_size(args.max_bytes) if args.max_bytes else None
     except ValueError as exc:
         parser.error(str(exc))
+    if not 1 <= args.timeout <= MAX_TIMEOUT_S:
+        parser.error(f"--timeout must be 1..{MAX_TIMEOUT_S} seconds (got {args.timeout})")
+    timeout = args.timeout
+
+    def open_file(url: str) -> RemoteFile:
+        return RetryOnce(url, lambda u: XRootDFile(u, timeout), warn)
+
     rows: list[list[object]] = []
     try:
         for url in args.urls:
             reference = (origin_of(url) if args.reference == "auto" else
                          None if args.reference == "none" else args.reference)
-            r = read_url(url, XRootDFile, block, stride, args.duration, max_bytes,
+            r = read_url(url, open_file, block, stride, args.duration, max_bytes,
                          args.sha256, reference, args.samples)
             rows.extend([url, *row, f"{r.started:.3f}", f"{r.ended:.3f}"]
                         for row in r.per_second.rows())
@@ -271,4 +346,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # As a job's executable: end here, without the XRootD bindings' exit-time
+    # finalizer (stopping the client's threads), which has been reported to hang
+    # processes at exit; every file was closed above.
+    os._exit(code)

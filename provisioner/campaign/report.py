@@ -12,7 +12,8 @@ installed). The layout, written by `runner`::
                                           node's network counters each second
     DIR/<scenario>/<clients>/step.json    status, error, failed clients, hit ratio
 
-A step without step.json counts every client with a CSV as ok. If the campaign has
+A step without step.json counts every client with a CSV as ok. A reader's warnings
+in its stdout (a stalled read it read again) are listed in report.md. If the campaign has
 a scenario with ``reference: local`` (a direct local read), report.md also divides
 every other scenario's throughput by the reference's at the same client count.
 matplotlib is imported only to draw; without it the tables are still written and
@@ -29,6 +30,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from provisioner.benchread import WARNING
 from provisioner.campaign.aggregate import (
     GBIT,
     StepSummary,
@@ -67,6 +69,8 @@ class Step:
     fio_bytes_s: int | None = None
     #: fio campaigns: bytes received per second by each client's node (its NICs).
     net_series: list[dict[int, int]] = field(default_factory=list)
+    #: "client <i>: <what>", from the readers' warning lines.
+    warnings: list[str] = field(default_factory=list)
 
 
 def _client_index(path: Path) -> int:
@@ -115,6 +119,10 @@ def read_step(directory: Path, scenario: str, clients: int) -> Step:
         step.ok = len(step.series)
     step.failed = len(failed)
     step.error = str(status.get("error", "") or "")
+    for path in sorted(directory.glob("client-*.out"), key=_client_index):
+        step.warnings += [f"client {_client_index(path)}: {line.removeprefix(WARNING)}"
+                          for line in path.read_text(errors="replace").splitlines()
+                          if line.startswith(WARNING)]
     ratio = status.get("hit_ratio")
     step.hit_ratio = float(ratio) if isinstance(ratio, int | float) else None
     return step
@@ -281,7 +289,7 @@ def ratio_lines(reference: str, rows: list[Ratio]) -> list[str]:
 
 def markdown(name: str, table: list[StepSummary], plots: list[Path], plot_note: str,
              reference: str | None = None, warm: Collection[str] = (),
-             partial: Collection[str] = ()) -> str:
+             partial: Collection[str] = (), warnings: Collection[str] = ()) -> str:
     fio = any(t.fio_gbit_s is not None for t in table)
     lines = [f"# Campaign {name}", ""]
     if partial:
@@ -317,6 +325,8 @@ def markdown(name: str, table: list[StepSummary], plots: list[Path], plot_note: 
     lines += ["", "## Failures", ""]
     lines += [f"- {t.error}" if t.error else f"- scenario {t.scenario}, {t.clients} "
               f"clients: {t.clients_failed} client(s) failed" for t in failures] or ["none"]
+    if warnings:
+        lines += ["", "## Warnings", "", *(f"- {w}" for w in warnings)]
     lines += ["", "## Plots", ""]
     lines += [f"![{p.stem}]({p.name})" for p in plots] or [plot_note]
     return "\n".join(lines) + "\n"
@@ -417,6 +427,8 @@ def render(out: Path, name: str | None = None) -> list[Path]:
     if name is None:
         name = campaign.name if campaign else out.name
     reference, warm = roles(campaign)
+    warnings = [f"scenario {s.scenario}, {clients_text(s.clients)}: {w}"
+                for s in steps for w in s.warnings]
     (out / "report.md").write_text(markdown(name, table, plots, note, reference, warm,
-                                            completeness(out, campaign)))
+                                            completeness(out, campaign), warnings))
     return [out / "results.csv", out / "summary.csv", out / "report.md", *plots]

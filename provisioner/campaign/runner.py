@@ -344,7 +344,8 @@ class Runner:
             reader = self.c.reader
             args = ["$(url)", "--csv", "reads.csv"]
             if warm:
-                args += ["--block-size", reader.block_size, "--reference", "none"]
+                args += ["--block-size", reader.block_size, "--reference", "none",
+                         "--timeout", str(reader.timeout_s)]
             else:
                 args += reader.argv()
                 if self.c.files and self.c.files.sha256:

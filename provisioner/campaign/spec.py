@@ -47,7 +47,7 @@ from pydantic import (
     model_validator,
 )
 
-from provisioner.benchread import parse_size
+from provisioner.benchread import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, parse_size
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 SITE_PATTERN = r"^[a-z][a-z0-9_-]*$"
@@ -108,6 +108,9 @@ class Reader(_Model):
     duration_s: float | None = Field(default=None, gt=0)
     max_bytes: str | None = None
     samples: int = Field(default=4, ge=0)
+    #: Seconds any one XRootD request of a client may go unanswered before the client
+    #: fails (benchread --timeout): a stalled server fails the step, naming the client.
+    timeout_s: int = Field(default=DEFAULT_TIMEOUT_S, ge=1, le=MAX_TIMEOUT_S)
     #: The clients' environment. XRootD's defaults retry a connection for minutes
     #: (5 x 120 s); a benchmark wants an unreachable server to fail its step soon.
     environment: dict[str, str] = {"XRD_CONNECTIONWINDOW": "10", "XRD_CONNECTIONRETRY": "2"}
@@ -134,7 +137,7 @@ class Reader(_Model):
 
     def argv(self) -> list[str]:
         out = ["--block-size", self.block_size, "--stride", self.stride,
-               "--samples", str(self.samples)]
+               "--samples", str(self.samples), "--timeout", str(self.timeout_s)]
         if self.duration_s is not None:
             out += ["--duration", str(self.duration_s)]
         if self.max_bytes is not None:

@@ -19,6 +19,8 @@ from provisioner import benchread
 from provisioner.benchread import (
     PerSecond,
     ReadError,
+    RetryOnce,
+    Stalled,
     main,
     offsets,
     origin_of,
@@ -159,7 +161,7 @@ class LocalFile:
     """file:///path opened with Python's own I/O: stands in for the XRootD client where
     its bindings are not installed, to check what `main` does with such a URL."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, timeout: int = 0) -> None:
         assert url.startswith("file:///"), url
         self._f = open(url.removeprefix("file://"), "rb")  # noqa: SIM115
         self.size = os.fstat(self._f.fileno()).st_size
@@ -199,3 +201,57 @@ def test_main_reads_and_checks_a_local_file_url(tmp_path: Path, capsys: pytest.C
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(benchread, "XRootDFile", LocalFile)
     check_main_on_a_local_url(tmp_path, capsys)
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "70000"])
+def test_a_timeout_outside_xrootd_s_range_is_refused(value: str,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["root://cache//root://origin//f", "--timeout", value])
+    assert exc.value.code == 2
+    assert f"--timeout must be 1..65535 seconds (got {value})" in capsys.readouterr().err
+
+
+class StallingStore(Store):
+    """Like Store, but the reads listed in `stalls` (open number, offset) stall."""
+
+    def __init__(self, files: dict[str, bytes], stalls: set[tuple[int, int]],
+                 error: type[ReadError] = Stalled) -> None:
+        super().__init__(files)
+        self.stalls, self.error, self.opens = stalls, error, 0
+
+    def __call__(self, url: str) -> MemFile:
+        f = super().__call__(url)
+        self.opens += 1
+        opened, store = self.opens, self
+
+        class Stalling(MemFile):
+            def read(self, offset: int, length: int) -> bytes:
+                if (opened, offset) in store.stalls:
+                    raise store.error(f"{url}: read at offset {offset} failed: expired")
+                return super().read(offset, length)
+
+        return Stalling(f.data)
+
+
+def test_a_stalled_read_is_read_again_once_on_the_file_opened_again() -> None:
+    data = os.urandom(5000)
+    store = StallingStore({"root://c//f": data}, {(1, 2000)})
+    warnings: list[str] = []
+    result = read_url("root://c//f", lambda u: RetryOnce(u, store, warnings.append),
+                      block=1000, sha256=hashlib.sha256(data).hexdigest())
+    assert result.nbytes == 5000 and result.verified == ["sha256"]
+    assert store.opens == 2
+    assert warnings == ["root://c//f: read at offset 2000 failed: expired; opened the file "
+                        "again and read the block again"]
+
+
+def test_a_second_stall_or_another_error_fails() -> None:
+    data = os.urandom(5000)
+    again = StallingStore({"root://c//f": data}, {(1, 1000), (2, 3000)})
+    with pytest.raises(Stalled, match="offset 3000"):
+        read_url("root://c//f", lambda u: RetryOnce(u, again, print), block=1000)
+    other = StallingStore({"root://c//f": data}, {(1, 1000)}, error=ReadError)
+    with pytest.raises(ReadError, match="offset 1000"):
+        read_url("root://c//f", lambda u: RetryOnce(u, other, print), block=1000)
+    assert other.opens == 1

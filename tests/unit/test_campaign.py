@@ -96,6 +96,7 @@ def test_a_good_campaign_parses() -> None:
     ("name: xcache", "name: xcache\n    colour: red", "scenarios[0].colour"),
     ("name: no-cache", "name: xcache", "(top level)"),
     ("block_size: 1M}", "block_size: 1M, environment: {X: 'a b'}}", "reader.environment"),
+    ("block_size: 1M}", "block_size: 1M, timeout_s: 0}", "reader.timeout_s"),
 ])
 def test_a_bad_field_is_named_with_its_line(old: str, new: str, field: str) -> None:
     assert old in GOOD
@@ -334,6 +335,24 @@ def test_report_renders_tables_and_plots_from_client_csvs(tmp_path: Path) -> Non
     assert "| xcache | 2 |" in md and "| no-cache | 1 |" in md
     assert "client 1: bench read: boom" in md
     assert "![scaling](scaling.png)" in md
+    assert "## Warnings" not in md
+
+
+def test_report_lists_the_stalls_a_reader_recovered_from(tmp_path: Path) -> None:
+    synthetic(tmp_path)
+    (tmp_path / "xcache" / "2" / "client-1.out").write_text(
+        "bench read: warning: root://x//f-1: read at offset 0 failed: [ERROR] Operation "
+        "expired (no answer within --timeout 120 s); opened the file again and read the "
+        "block again\nroot://x//f-1: 1 bytes in 1 blocks\n")
+    (tmp_path / "xcache" / "2" / "client-0.out").write_text("root://x//f-0: 1 bytes\n")
+    render(tmp_path)
+    md = (tmp_path / "report.md").read_text()
+    assert md.endswith(
+        "## Warnings\n\n- scenario xcache, 2 clients: client 1: root://x//f-1: read at "
+        "offset 0 failed: [ERROR] Operation expired (no answer within --timeout 120 s); "
+        "opened the file again and read the block again\n\n## Plots\n\n"
+        "![throughput-xcache](throughput-xcache.png)\n"
+        "![throughput-no-cache](throughput-no-cache.png)\n![scaling](scaling.png)\n")
 
 
 def step_summary(scenario: str, clients: int, gbit_s: float, failed: int = 0) -> StepSummary:
@@ -457,12 +476,22 @@ def test_runner_submits_each_step_and_renders(tmp_path: Path) -> None:
                                       "gsi-storage:1094//data/f-1"}]
     assert desc["environment"] == '"XRD_CONNECTIONWINDOW=10 XRD_CONNECTIONRETRY=2"'
     assert desc["arguments"] == ("$(url) --csv reads.csv --block-size 1M --stride 0 "
-                                 "--samples 4")
+                                 "--samples 4 --timeout 120")
     assert pool.submitted[3][0]["+Note"] == '"a \\"quoted\\" value"'
     out = tmp_path / "out"
     assert (out / "report.md").exists() and (out / "scaling.png").exists()
     assert json.loads((out / "xcache" / "2" / "step.json").read_text())["status"] == "ok"
     assert "Partial report" not in (out / "report.md").read_text()
+
+
+def test_the_warm_up_reads_without_checks_but_with_the_reader_s_timeout(
+        tmp_path: Path) -> None:
+    runner, _, _ = make_runner(tmp_path, RecordingPool(), GOOD.replace(
+        "block_size: 1M}", "block_size: 1M, timeout_s: 30}"))
+    desc = runner.description(tmp_path, "frankfurt", "xcache", 2, warm=True)
+    assert desc["arguments"] == ("$(url) --csv reads.csv --block-size 1M --reference none "
+                                 "--timeout 30")
+    assert desc["+CampaignStep"] == '"xcache/2/warm"'
 
 
 def test_interrupted_campaign_removes_its_jobs_and_leaves_a_partial_report(
