@@ -100,6 +100,11 @@ def campaign(work: Path, name: str, prefix: str, clients: list[int], scenarios: 
                cwd=str(work), check=False, timeout=1500)
     text = proc.stdout + proc.stderr
     print(text)
+    if "timed out after" in text:  # where a client stalled: what the servers last did
+        for log in ("/var/log/xrootd/cache/xrootd.log", "/var/log/xrootd/origin/origin.log"):
+            lines = Path(log).read_text(errors="replace").splitlines() if Path(
+                log).exists() else ["(none)"]
+            print(f"--- {log} (last 40 lines) ---", *lines[-40:], sep="\n")
     return proc.returncode, text, out
 
 
