@@ -13,6 +13,7 @@ import re
 import shutil
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import htcondor2 as htcondor
@@ -318,16 +319,39 @@ def test_busy_pilots_retire_and_leave_as_their_jobs_end(service: Path) -> None:
 
 
 SCHEDD_LOG = Path("/var/log/condor/SchedLog")
+#: The pool's administrator: root on cm authenticates with FS.
+ADMIN = {"_CONDOR_SEC_CLIENT_AUTHENTICATION_METHODS": "FS"}
+
+
+@contextmanager
+def negotiator_interval(seconds: int) -> Iterator[None]:
+    """The negotiator's own cycles `seconds` apart while the block runs (a file in the
+    central manager's config directory and a reconfig; both undone after). The
+    negotiator keeps the wait it set at its last cycle through a reconfig, so a
+    negotiation is asked for at the end: from that cycle on it is the usual 10 s."""
+    path = Path("/etc/condor/config.d/99-test-negotiator-interval.conf")
+    path.write_text(f"NEGOTIATOR_INTERVAL = {seconds}\n")
+    try:
+        run(["condor_reconfig", "-daemon", "negotiator"], env=ADMIN)
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        run(["condor_reconfig", "-daemon", "negotiator"], env=ADMIN)
+        time.sleep(1)  # the reconfig is asynchronous
+        run(["condor_reschedule"], env=ADMIN)
 
 
 def test_a_pilot_that_joins_while_jobs_wait_asks_for_a_negotiation(service: Path) -> None:
     """The service reads the pilots' ads every join_check_s while they join; when one
     is in the pool, idle, while jobs wait, it asks the schedd for a negotiation (which
     the schedd accepts from the provisioner's identity) instead of leaving the jobs to
-    the negotiator's next cycle."""
+    the negotiator's next cycle. That cycle is an hour away here, so the jobs run only
+    if the service asks (with the testbed's 10 s cycle the negotiator sometimes matched
+    them before the service saw the pilot idle)."""
     before = SCHEDD_LOG.stat().st_size
-    cluster = submit("joined", 2, 5)
-    wait_for("both jobs done", lambda: jobs_left(cluster) == 0, 180, step=2)
+    with negotiator_interval(3600):
+        cluster = submit("joined", 2, 5)
+        wait_for("both jobs done", lambda: jobs_left(cluster) == 0, 180, step=2)
     assert_clean_completion("joined", 2)
     assert "negotiation asked for" in service.read_text(), service.read_text()
     with SCHEDD_LOG.open() as f:
