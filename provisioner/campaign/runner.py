@@ -344,8 +344,7 @@ class Runner:
             reader = self.c.reader
             args = ["$(url)", "--csv", "reads.csv"]
             if warm:
-                args += ["--block-size", reader.block_size, "--reference", "none",
-                         "--timeout", str(reader.timeout_s)]
+                args += reader.warm_argv()
             else:
                 args += reader.argv()
                 if self.c.files and self.c.files.sha256:

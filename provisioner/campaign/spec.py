@@ -135,6 +135,11 @@ class Reader(_Model):
             raise ValueError("block_size must be > 0")
         return v
 
+    def warm_argv(self) -> list[str]:
+        """A warm-up read: the whole file once, nothing checked."""
+        return ["--block-size", self.block_size, "--reference", "none",
+                "--timeout", str(self.timeout_s)]
+
     def argv(self) -> list[str]:
         out = ["--block-size", self.block_size, "--stride", self.stride,
                "--samples", str(self.samples), "--timeout", str(self.timeout_s)]

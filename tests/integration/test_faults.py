@@ -40,6 +40,7 @@ from servicectl import (
     write_config,
 )
 from test_loop import (
+    ADMIN,
     ALICE,
     clean_pool,
     jobs_left,
@@ -139,15 +140,14 @@ def test_pool_daemon_restarted_while_jobs_run(service: Service, daemon: str) -> 
     with SiteWatch() as watch:
         service.start()
         wait_for("jobs running", lambda: len(_running_on(cluster)) >= 2, 120)
-        # The pool's administrator restarts it (root on cm authenticates with FS).
-        run(["condor_restart", "-daemon", daemon],
-            env={"_CONDOR_SEC_CLIENT_AUTHENTICATION_METHODS": "FS"})
+        # The pool's administrator restarts it.
+        run(["condor_restart", "-daemon", daemon], env=ADMIN)
         wait_for("all jobs done", lambda: jobs_left(cluster) == 0, 300, step=2)
         assert_converged(service, watch)
     if daemon == "collector":
         # A restarted collector hears from the negotiator only at its next update
         # (5 minutes); the next tests expect the pool whole, so ask for it now.
-        run(["condor_reconfig"], env={"_CONDOR_SEC_CLIENT_AUTHENTICATION_METHODS": "FS"})
+        run(["condor_reconfig"], env=ADMIN)
         wait_for("every pool daemon advertised again", lambda: all(
             htcondor.Collector().locateAll(d) for d in (htcondor.DaemonType.Negotiator,
                                                          htcondor.DaemonType.Schedd)), 60)
