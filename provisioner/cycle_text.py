@@ -7,7 +7,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from provisioner.journal import Journal
-from provisioner.model import Submit
+from provisioner.model import PilotState, Submit
 
 if TYPE_CHECKING:
     from provisioner.service import CycleResult
@@ -49,9 +49,15 @@ def summary_line(cycle: CycleResult) -> str:
         if not view.known:
             parts.append(f"{view.name}: UNKNOWN")
             continue
-        states = Counter(p.state.value for p in snap.pilots if p.site == view.name)
-        parts.append(f"{view.name}: " + (" ".join(f"{n} {s}" for s, n in sorted(states.items()))
-                                         or "no pilots"))
+        mine = [p for p in snap.pilots if p.site == view.name]
+        states = Counter(p.state.value for p in mine)
+        text = " ".join(f"{n} {s}" for s, n in sorted(states.items())) or "no pilots"
+        # busy though the collector has no ad of theirs (e.g. a restarted collector
+        # not yet updated): the schedd runs jobs there
+        unseen = sum(1 for p in mine if p.state is PilotState.BUSY and p.name is None)
+        if unseen:
+            text += f" ({unseen} busy without a startd ad)"
+        parts.append(f"{view.name}: {text}")
     if cycle.plan.reserve_jobs:
         left = "?" if snap.recent_departures is None else snap.recent_departures
         parts.append(f"reserve {cycle.plan.reserve_held}/{cycle.plan.reserve_jobs} slots "

@@ -63,7 +63,8 @@ def gather(config: Config, snap: Snapshot, now: float, breakers: Mapping[str, st
             these = [p for p in mine if p.state is state]
             if these:
                 states[state.value] = {"count": len(these),
-                                       "oldest_age_s": round(max(_age(p, now) for p in these))}
+                                       "oldest_age_s": round(max(_age(p, now) for p in these)),
+                                       "keys": sorted(p.key for p in these)}
         sites.append({
             "name": view.name, "known": view.known, "error": view.error,
             "circuit": breakers.get(view.name, "closed"), "pilots": states,

@@ -79,10 +79,9 @@ def pilot_ids(site: str) -> list[str]:
 
 
 def pilot_states(site: str) -> dict[str, str]:
-    """The site's pilot jobs: SLURM job id -> squeue's compact state (PD, R, CG...)."""
-    out = slurm(site, ["squeue", "-h", "-u", "pilot", "-o", "%i %t"], check=False)
-    if out.returncode != 0:
-        return {}
+    """The site's pilot jobs: SLURM job id -> squeue's compact state (PD, R, CG...).
+    A site that cannot be read raises (never "no pilots")."""
+    out = slurm(site, ["squeue", "-h", "-u", "pilot", "-o", "%i %t"], timeout=30)
     return dict(line.split(None, 1) for line in out.stdout.splitlines() if " " in line)
 
 
@@ -96,25 +95,54 @@ def pilot_ads() -> list[str]:
 class SiteWatch:
     """Samples every site's pilot jobs about once a second in the background:
     the most seen at once per site, every job id ever seen, and when each one's
-    SLURM state changed (`story`, for a failing test's message)."""
+    SLURM state changed (`story`, for a failing test's message).
+
+    A site that cannot be read (a fault a test injects) is a gap, recorded; the
+    figures hold only for the samples taken, so `checked()` fails unless the watch
+    is still running and has read every site since its last gap."""
 
     def __init__(self) -> None:
         self.most = {site: 0 for site in SITES}
         self.seen: dict[str, set[str]] = {site: set() for site in SITES}
         self._last: dict[str, dict[str, str]] = {}  # site -> job -> state last sampled
         self.changes: list[tuple[float, str, str]] = []  # (time, "site/job", state)
+        self.samples = {site: 0 for site in SITES}  # successful reads
+        self.failed: dict[str, str] = {}  # site -> the last read's error, while failing
+        self.crashed: BaseException | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            now = time.time()
-            for site in SITES:
-                states = pilot_states(site)
-                self.most[site] = max(self.most[site], len(states))
-                self.seen[site].update(states)
-                self._note(now, site, states)
-            self._stop.wait(1.0)
+        try:
+            while not self._stop.is_set():
+                now = time.time()
+                for site in SITES:
+                    self._sample(now, site)
+                self._stop.wait(1.0)
+        except BaseException as exc:  # reported by checked(), never lost with the thread
+            self.crashed = exc
+            raise
+
+    def _sample(self, now: float, site: str) -> None:
+        try:
+            states = pilot_states(site)
+        except (AssertionError, subprocess.TimeoutExpired) as exc:
+            self.failed[site] = str(exc).splitlines()[0] if str(exc) else repr(exc)
+            return
+        self.failed.pop(site, None)
+        self.samples[site] += 1
+        self.most[site] = max(self.most[site], len(states))
+        self.seen[site].update(states)
+        self._note(now, site, states)
+
+    def checked(self) -> SiteWatch:
+        """Self, once sure the figures mean something: the thread has not crashed and
+        every site was read, the last time without error."""
+        assert self.crashed is None, f"the site watch crashed: {self.crashed!r}"
+        assert self._thread.is_alive() or self._stop.is_set(), "the site watch ended early"
+        assert all(self.samples.values()), f"a site never read: {self.samples} {self.failed}"
+        assert not self.failed, f"the site watch cannot read: {self.failed}"
+        return self
 
     def _note(self, now: float, site: str, states: dict[str, str]) -> None:
         last = self._last.get(site, {})

@@ -3,17 +3,19 @@ scale-down or submission based on missing data (real daemons, real failures)."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import CONFIG, ROOT_TOKEN_DIR, run, service_config
+from conftest import CONFIG, ROOT_TOKEN_DIR, SITES, WORKERS, run, service_config, slurm
 from test_loop import clean_pool, jobs_left, submit, wait_for
 
 from provisioner.config import parse_config
-from provisioner.model import PilotState
+from provisioner.model import Cancel, PilotState
 from provisioner.service import Provisioner
 
 
@@ -41,14 +43,45 @@ def one_idle_job() -> object:
     clean_pool()
 
 
+@contextlib.contextmanager
+def workers_drained() -> Iterator[None]:
+    """Every worker node drained: pilots submitted meanwhile stay pending."""
+    for site in SITES:
+        for node in WORKERS[site]:
+            slurm(site, ["scontrol", "update", f"nodename={node}", "state=drain",
+                         "reason=test-bad-input"])
+    try:
+        yield
+    finally:
+        for site in SITES:
+            for node in WORKERS[site]:
+                slurm(site, ["scontrol", "update", f"nodename={node}", "state=resume"])
+
+
 def test_unreachable_collector_is_unknown_not_empty(tmp_path: Path, one_idle_job: str,
                                                     caplog: pytest.LogCaptureFixture) -> None:
-    path = config_with(tmp_path, {"pool.collector": "127.0.0.1:9"})
-    prov = Provisioner(parse_config(path.read_text(), str(path)))
-    cycle = prov.run_cycle("test", dry_run=True)
-    assert not cycle.observation.snapshot.pool_known
-    assert cycle.plan.actions == ()
-    assert "pool unknown this cycle" in caplog.text
+    """With a pilot pending for the one idle job, a cycle that cannot read the pool
+    decides nothing; read as an empty queue, the same pilot would be cancelled (the
+    control at the end shows that)."""
+    with workers_drained():
+        real = Provisioner(service_config())
+        real.run_cycle("test")
+        pending = wait_for("a pending pilot", lambda: [
+            p for p in real.observe().snapshot.pilots if p.state is PilotState.PENDING], 60)
+        path = config_with(tmp_path, {"pool.collector": "127.0.0.1:9"})
+        prov = Provisioner(parse_config(path.read_text(), str(path)))
+        cycle = prov.run_cycle("test", dry_run=True)
+        assert not cycle.observation.snapshot.pool_known
+        seen = {p.key for p in cycle.observation.snapshot.pilots}
+        assert {p.key for p in pending} <= seen, seen  # type: ignore[attr-defined]
+        assert cycle.plan.actions == ()
+        assert "pool unknown this cycle" in caplog.text
+        # The control: the queue read and empty, the pending pilot is cancelled.
+        run(["condor_rm", one_idle_job])
+        wait_for("the job gone", lambda: jobs_left(one_idle_job) == 0, 60)
+        empty = real.run_cycle("test", dry_run=True)
+        cancelled = {a.pilot.key for a in empty.plan.actions if isinstance(a, Cancel)}
+        assert {p.key for p in pending} <= cancelled, empty.plan.actions  # type: ignore[attr-defined]
 
 
 def test_unreachable_slurmctld_skips_that_site_only(tmp_path: Path, one_idle_job: str,

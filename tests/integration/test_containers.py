@@ -84,12 +84,18 @@ def test_container_jobs_from_a_shared_path_by_transfer_and_singularity_image(
         assert_clean_completion(name, 1, outputs=False)
     out = (ALICE / "out" / "ctr-none" / "0.out").read_text()
     assert "env=/ " in out, out  # no image named, none set by the site: the pilot's own
-    ads = htcondor.Collector().query(htcondor.AdType.Startd, constraint='PilotSite =?= "gsi"',
-                                     projection=["HasContainer", "HasSIF", "HasSingularity",
-                                                 "PilotContainerTest"])
-    for ad in ads:  # the pilot may have left already; if not, its ad says why it can
-        assert ad.get("HasContainer") is True and ad.get("HasSIF") is True, ad
-        assert str(ad.get("PilotContainerTest", "")).startswith("ok: apptainer exec"), ad
+    # What the slot that ran each container job advertised (the schedd records it in
+    # the job: SYSTEM_JOB_MACHINE_ATTRS); the pilot itself may have left by now.
+    ads = list(htcondor.Schedd().history(
+        constraint=f"ClusterId == {shared} || ClusterId == {sent} || ClusterId == {legacy}",
+        projection=["MachineAttrHasContainer0", "MachineAttrHasSIF0",
+                    "MachineAttrPilotContainerTest0"]))
+    assert len(ads) == 3, ads
+    for ad in ads:
+        assert ad.get("MachineAttrHasContainer0") is True, ad
+        assert ad.get("MachineAttrHasSIF0") is True, ad
+        assert str(ad.get("MachineAttrPilotContainerTest0", "")).startswith(
+            "ok: apptainer exec"), ad
 
 
 def test_a_registry_image_is_refused_at_submit_with_the_reason(clean: None) -> None:

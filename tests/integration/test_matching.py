@@ -5,13 +5,15 @@ same queue plans a pilot for it: the test would fail without the prototype match
 
 A job whose Requirements fail only on what a real node knows (its Machine) passes the
 prototype, gets a pilot, and stays idle beside it: after `policy.stuck_after_s` the
-service reports it stuck and neither keeps that pilot nor starts another for it. With
-`stuck_after_s: 0` (the safeguard off) the pilot is kept for it until its startd's
-no-claim shutdown ends it, and then a new one is started."""
+service reports it stuck and neither keeps that pilot nor starts another for it. (With
+`stuck_after_s: 0`, the safeguard off, the pilot is kept for it until its startd's
+no-claim shutdown ends it, 600 s in the testbed, and then a new one is started: checked
+by hand when the rule was written, not a test, for its length.)"""
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +35,12 @@ def queue() -> Iterator[None]:
     submit("ordinary", 1, 5, extra="+DesiredSites = \"frankfurt\"\n")
     yield
     clean_pool()
+
+
+def log_time(line: str) -> float:
+    """When the service logged `line` (logging's asctime: "2026-01-02 03:04:05,678")."""
+    stamp, millis = line[:23].split(",")
+    return time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S")) + int(millis) / 1000
 
 
 def provisioner(config: Path, *args: str) -> str:
@@ -82,18 +90,27 @@ def test_jobs_no_real_pilot_matches_are_found_stuck_and_get_no_pilot() -> None:
             svc.start()
             # the prototype cannot tell a node's name: a pilot is started for them
             wait_for("a pilot in the pool", pilot_startds, 180)
-            joined = time.time()
             wait_for("the jobs reported stuck", lambda: "stuck: matches no pilot" in svc.text(),
-                     STUCK_AFTER_S + 60)
-            assert time.time() - joined >= STUCK_AFTER_S - 15, svc.text()
+                     STUCK_AFTER_S + 120)
+            # not before they had waited stuck_after_s beside the idle pilot (the
+            # service's own clock: its log's times; a cycle's line is written after it
+            # acted, up to a second or two after the time it judged by)
+            lines = svc.text().splitlines()
+            idle = next(ln for ln in lines if " cycle " in ln
+                        and re.search(r"frankfurt: [^;]*\b\d+ idle\b", ln))
+            stuck = next(ln for ln in lines if "stuck: matches no pilot" in ln)
+            assert log_time(stuck) - log_time(idle) >= STUCK_AFTER_S - 2, (idle, stuck)
             # `provisioner status` shows them as the service treats them (journal)
             status = json.loads(provisioner(svc.config, "status", "--json"))
             assert [u["idle"] for u in status["unmatchable"]
                     if u["reason"].startswith("stuck")] == [2], status
             wait_for("the pilot released", lambda: not any(all_pilot_jobs().values()), 90)
             seen = {site: set(ids) for site, ids in watch.seen.items()}
-            time.sleep(30)  # 3 full cycles: no pilot is started for them again
-            assert watch.seen == seen, (seen, watch.seen)
+            cycles = len([ln for ln in svc.text().splitlines() if " cycle " in ln])
+            # 3 full cycles more: no pilot is started for them again
+            wait_for("3 more cycles", lambda: len([
+                ln for ln in svc.text().splitlines() if " cycle " in ln]) >= cycles + 3, 90)
+            assert watch.checked().seen == seen, (seen, watch.seen)
         assert sum(len(ids) for ids in seen.values()) == 1, seen
         log = svc.text()
         [line] = [ln for ln in log.splitlines() if "idle jobs stuck" in ln]

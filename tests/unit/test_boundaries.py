@@ -247,3 +247,19 @@ def test_history_ad_to_job_run() -> None:
     assert job_run_of(Ad(ClusterId=1, ProcId=0, JobStartDate=0, CompletionDate=0,
                          EnteredCurrentStatus=5)) is None  # never started
     assert history_constraint(99.7).startswith("CompletionDate > 99 ||")
+
+
+def test_the_cycle_line_says_which_busy_pilots_have_no_ad() -> None:
+    """A collector restarted, not yet updated: the schedd runs jobs on pilots whose ads
+    are missing; the line counts them busy and says how many lack an ad."""
+    import dataclasses
+
+    from provisioner.plan import plan
+    from provisioner.service import CycleResult, Observation, summary_line
+    from tests.unit.helpers import NOW, config, pilot, snap
+
+    seen = dataclasses.replace(pilot("1", PilotState.BUSY), name="pilot-gsi-1@n1")
+    unseen = pilot("2", PilotState.BUSY)  # name None: no startd ad
+    s = snap(pilots=[seen, unseen])
+    line = summary_line(CycleResult("test", Observation(s, {}, {}), plan(s, config(), NOW)))
+    assert "gsi: 2 busy (1 busy without a startd ad)" in line, line

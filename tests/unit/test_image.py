@@ -499,14 +499,26 @@ def test_run_command_returns_output_and_status() -> None:
 
 
 def test_run_command_kills_the_whole_group_on_timeout(tmp_path: Path) -> None:
-    marker = tmp_path / "child-survived"
-    script = f"sleep 2 && touch {marker} & wait"
-    start = time.monotonic()
+    marker, pidfile = tmp_path / "child-survived", tmp_path / "child.pid"
+    script = f"(sleep 2; touch {marker}) & echo $! >{pidfile}; wait"
     with pytest.raises(subprocess.TimeoutExpired):
         run_command(["sh", "-c", script], 0.3, {"PATH": os.environ["PATH"]})
-    assert time.monotonic() - start < 1.5
-    time.sleep(2.5)
+    child = int(pidfile.read_text())
+    # The child ends either killed with its group, or after touching the marker.
+    deadline = time.monotonic() + 30
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child)
     assert not marker.exists()
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 # --- the example payload definition ---------------------------------------------------
