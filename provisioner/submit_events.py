@@ -40,6 +40,8 @@ WAIT_S = 1
 COALESCE_S = 1.0
 #: Seconds between attempts to open a log that is missing or unreadable.
 RETRY_S = 1.0
+#: Read errors in a row (no event read between) after which the log counts as unreadable.
+READ_ERRORS = 3
 
 
 # --- pure decisions -----------------------------------------------------------------------
@@ -220,20 +222,25 @@ class EventLogFollower:
 
     Contract: never raises into the service and never stops it; whatever goes wrong
     (missing, unreadable, rotated, truncated, a read error) ends in the quick check as the
-    fallback, said once, and another try every `RETRY_S`. Content the log holds at the
+    fallback, said once (following again is said once it reads), and another try every
+    `retry_s`. Content the log holds at the
     first attempt to open it is old (the service's first cycle reads the queue) and wakes
     nothing; a file that appears or comes back later is read from its start."""
 
     def __init__(self, path: str, wakeup: Wakeup, quick_check_s: float,
                  open_log: Callable[[str], EventLog] = _open_job_event_log,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, coalesce_s: float = COALESCE_S,
+                 retry_s: float = RETRY_S) -> None:
         self.path = path
         self.wakeup = wakeup
         self.quick_check_s = quick_check_s
         self.open_log = open_log
         self.clock = clock
-        self.coalescer = Coalescer()
+        self.retry_s = retry_s
+        self.coalescer = Coalescer(coalesce_s)
         self.notice = Notice()
+        self.attempts = 0  # attempts to open the log
+        self.read = 0  # events read (old ones included)
         self.wakeups = 0  # how often the loop was woken
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -257,17 +264,18 @@ class EventLogFollower:
         while not self._stop.is_set():
             try:
                 if reader is None:
+                    self.attempts += 1
                     got = self._open()
                     old, first = first, False
                     if isinstance(got, str):
                         self._fell_back(got)
-                        self._stop.wait(RETRY_S)
+                        self._stop.wait(self.retry_s)
                         continue
                     reader, opened = got
                     if old:
                         self._read(reader, 0, wake=False)
-                    self._say(logging.INFO, self.notice.followed(self.path))
                 self._read(reader, WAIT_S)
+                self._say(logging.INFO, self.notice.followed(self.path))  # once it reads
                 assert opened is not None
                 change = file_change(opened, _file_id(self.path), _offset(reader) or 0)
                 if change:
@@ -280,7 +288,7 @@ class EventLogFollower:
                 self._close(reader)
                 reader = None
                 self._fell_back(f"read failed: {type(exc).__name__}: {exc}")
-                self._stop.wait(RETRY_S)
+                self._stop.wait(self.retry_s)
         self._close(reader)
 
     def _open(self) -> tuple[EventLog, FileId] | str:
@@ -306,14 +314,27 @@ class EventLogFollower:
         return reader, FileId(st.st_dev, st.st_ino, st.st_size)
 
     def _read(self, reader: EventLog, stop_after: int, wake: bool = True) -> None:
-        """Read the events that come within `stop_after` s; wake the loop as due."""
-        for event in reader.events(stop_after=stop_after):
-            now = self.clock()
-            woke = wake and event.type.name in WAKE_EVENTS and self.coalescer.event(now)
-            if woke or self.coalescer.due(now):
-                self._wake()
-            if self._stop.is_set():
-                return
+        """Read the events that come within `stop_after` s; wake the loop as due. An event
+        the bindings cannot parse is skipped (they raise on it and read on after it);
+        `READ_ERRORS` errors in a row without an event between raise the last."""
+        errors = 0
+        while True:
+            try:
+                for event in reader.events(stop_after=stop_after):
+                    errors = 0
+                    self.read += 1
+                    now = self.clock()
+                    woke = wake and event.type.name in WAKE_EVENTS and self.coalescer.event(now)
+                    if woke or self.coalescer.due(now):
+                        self._wake()
+                    if self._stop.is_set():
+                        return
+                break
+            except Exception as exc:
+                errors += 1
+                if errors >= READ_ERRORS:
+                    raise
+                log.debug("event log %s: an event skipped: %s", self.path, exc)
         if self.coalescer.due(self.clock()):
             self._wake()
 
