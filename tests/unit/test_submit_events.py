@@ -406,3 +406,43 @@ def test_a_wake_up_makes_the_next_tick_a_quick_check_and_a_cycle_once_the_gap_al
     cycle = prov.tick()
     assert cycle is not None and cycle.reason == "idle jobs rose" and cycle.plan.submits
     assert len(probes) == 3 and not prov.wakeup.take()
+
+
+def test_a_submit_runs_the_schedulers_tick_job_long_before_its_timer(tmp_path: Path,
+                                                                     said: Said) -> None:
+    """The service's wiring (`follow_submits`) with a real APScheduler: the tick job's
+    timer is an hour away; a submit in the event log runs it."""
+    from apscheduler.schedulers.background import BackgroundScheduler
+
+    from provisioner.service import TICK_JOB, follow_submits
+
+    log = tmp_path / "EventLog"
+    log.write_text(HEADER)
+    prov, _, _, _ = make_world()
+    prov.config = prov.config.model_copy(
+        update={"pool": prov.config.pool.model_copy(update={"event_log": str(log)})})
+    ran = threading.Event()
+
+    def job() -> None:
+        with prov.wakeup.busy():
+            if prov.wakeup.take():
+                ran.set()
+
+    sched = BackgroundScheduler()
+    sched.add_job(job, "interval", seconds=3600, id=TICK_JOB, max_instances=1, coalesce=True)
+    follower = follow_submits(prov, sched)
+    assert follower is not None
+    sched.start()
+    follower.start()
+    try:
+        said.wait("following")
+        assert not ran.is_set()
+        append(log, event(1))
+        assert ran.wait(DEADLINE_S), "the submit did not run the tick job"
+    finally:
+        assert follower.stop(timeout=DEADLINE_S)
+        sched.shutdown()
+    off = prov.config.model_copy(
+        update={"pool": prov.config.pool.model_copy(update={"event_log": "off"})})
+    prov.config = off
+    assert follow_submits(prov, sched) is None
