@@ -81,3 +81,10 @@ def cycle_due(now: float, probe: Probe, last: CycleMark | None, policy: PolicyCo
     if last.unplaced and since >= policy.quick_check_s - slack:
         return "demand left over by caps"
     return ""
+
+
+def gap_holds(now: float, last: CycleMark | None, policy: PolicyConfig) -> bool:
+    """Whether `min_cycle_gap_s` (less `SLACK`) still holds a cycle back at `now`: an early
+    check that found none due then keeps its wake-up for the next timer tick."""
+    return (last is not None
+            and now - last.at < policy.min_cycle_gap_s - SLACK * policy.quick_check_s)

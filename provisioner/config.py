@@ -36,6 +36,20 @@ class PoolConfig(_Model):
     provisioner_id: str = Field(default="prov-1", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     #: The pool's UID_DOMAIN: identities are user@uid_domain (pilot@, provisioner@).
     uid_domain: str = Field(default="testbed", pattern=r"^[A-Za-z0-9][A-Za-z0-9.-]*$")
+    #: The schedd's global event log, followed so that a submit wakes the loop at once
+    #: (`provisioner.submit_events`); the quick check stays the fallback. "auto": EVENT_LOG
+    #: of this host's HTCondor configuration if set and its directory is here (the service
+    #: runs beside the schedd), else off; "off"; or the log's absolute path.
+    event_log: str = "auto"
+
+    @field_validator("event_log")
+    @classmethod
+    def _event_log_setting(cls, value: str) -> str:
+        if value in ("auto", "off") or re.fullmatch(r"/[A-Za-z0-9_./+@%=,-]*", value):
+            return value
+        raise PydanticCustomError(
+            "event_log", "event_log must be auto, off or an absolute path (got {value!r})",
+            {"value": value})
 
 
 class ReserveConfig(_Model):

@@ -13,9 +13,11 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
 
 from provisioner.backoff import SiteBackoff
-from provisioner.cadence import Probe
+from provisioner.cadence import Probe, gap_holds
 from provisioner.condor import PilotAd, Pool, PoolUnreachable
 from provisioner.config import Config
 from provisioner.controller import Controller, PoolView, QueueSize
@@ -56,6 +58,7 @@ from provisioner.sites.base import (
     SiteBackend,
     SiteJob,
 )
+from provisioner.submit_events import EventLogFollower, Wakeup, resolve_path
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +108,7 @@ class Provisioner:
         self.backoff = SiteBackoff(base_s=min(config.policy.interval_s, 60.0), max_s=600.0)
         self.metrics = Metrics()  # served only by start_metrics() (`provisioner run`)
         self.ledger = Ledger(self.journal, self.metrics, self.pool, self.backends)
+        self.wakeup = Wakeup()  # an early quick check, asked for by the event log follower
 
     def start_metrics(self) -> bool:
         """Serve the Prometheus endpoint if configured. A failure (address in use) is
@@ -364,9 +368,11 @@ class Provisioner:
 
     def tick(self) -> CycleResult | None:
         """The cheap check (every `quick_check_s`); runs a full cycle when cadence says one
-        is due. Between quick checks, while pilots are joining, only the join check."""
+        is due. Between quick checks, while pilots are joining, only the join check. A
+        wake-up (`self.wakeup`: a submit in the schedd's event log) makes it a quick check."""
         now = self.clock()
-        look = self.controller.look(now)
+        woken = self.wakeup.take()
+        look = "probe" if woken else self.controller.look(now)
         if look != "probe":
             if look == "join":
                 self._join_check()
@@ -384,6 +390,8 @@ class Provisioner:
             self._negotiate_if_joined(idle_pilots, idle)
         reason = self.controller.due(now, Probe(idle, idle_pilots))
         if not reason:
+            if woken and gap_holds(now, self.controller.mark, self.config.policy):
+                self.wakeup.hold()  # look again at the next timer tick
             return None
         return self.run_cycle(reason, now=now)
 
@@ -409,28 +417,61 @@ class Provisioner:
         log.info("pilot(s) idle while jobs wait: negotiation asked for")
 
 
+#: The APScheduler job of the quick check (and the join check).
+TICK_JOB = "tick"
+
+
+def follow_submits(prov: Provisioner, sched: Any) -> EventLogFollower | None:
+    """A follower of the schedd's event log (`pool.event_log`) that wakes `sched`'s tick
+    job early, or None when there is none to follow (then the quick check alone)."""
+    import htcondor2
+
+    path = resolve_path(prov.config.pool.event_log, htcondor2.param)
+    if path is None:
+        log.info("no schedd event log to follow (pool.event_log: %s): new jobs are seen by "
+                 "the quick check", prov.config.pool.event_log)
+        return None
+
+    def poke() -> None:
+        try:
+            sched.modify_job(TICK_JOB, next_run_time=datetime.now(sched.timezone))
+        except Exception as exc:  # the tick job's next run comes on its timer
+            log.debug("no early check scheduled: %s", exc)
+
+    prov.wakeup.poke = poke
+    return EventLogFollower(path, prov.wakeup, prov.config.policy.quick_check_s)
+
+
 def run_forever(prov: Provisioner) -> None:
-    """The service: an APScheduler interval job, one instance at a time, missed runs coalesced."""
+    """The service: an APScheduler interval job, one instance at a time, missed runs
+    coalesced, run early when the schedd's event log shows a submit."""
     from apscheduler.schedulers.blocking import BlockingScheduler
 
     sched = BlockingScheduler()
 
     def job() -> None:
         try:
-            prov.tick()
+            with prov.wakeup.busy():
+                prov.tick()
         except Exception:  # one bad cycle must never stop the service
             log.exception("cycle failed; the next one runs as scheduled")
 
     policy = prov.config.policy
     # the quick check's period, or the join check's (tick() sees which is due)
     sched.add_job(job, "interval", seconds=policy.join_check_s or policy.quick_check_s,
-                  max_instances=1, coalesce=True)
+                  max_instances=1, coalesce=True, id=TICK_JOB)
     log.info("provisioner %s: %d site(s), interval %.0f s, quick check %.0f s",
              prov.config.pool.provisioner_id, len(prov.config.sites),
              prov.config.policy.interval_s, prov.config.policy.quick_check_s)
     prov.start_metrics()
     job()
+    follower = follow_submits(prov, sched)
+    if follower is not None:
+        follower.start()
     try:
         sched.start()
     except (KeyboardInterrupt, SystemExit):
         log.info("stopping")
+    finally:
+        if follower is not None:
+            follower.stop()
