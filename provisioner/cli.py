@@ -1,5 +1,5 @@
 """`provisioner run | once | status | report | check-config | xcache-url | bench | campaign |
-image`."""
+image | init | site`."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from typing import NoReturn
 
 from provisioner.config import Config, ConfigError, field_location, load_config
 from provisioner.lock import AlreadyRunning, ServiceLock, lock_path
+from provisioner.onboard import cli as onboard_cli
 
 DEFAULT_CONFIG = "/etc/provisioner/provisioner.yaml"
 
@@ -162,7 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--out", help="directory for report.csv and the PNG plots")
     rep.add_argument("--journal", help="journal file to read (default: the configured one; "
                      "then no configuration is read)")
-    sub.add_parser("check-config", help="validate the configuration and exit")
+    check = sub.add_parser("check-config", help="validate the configuration and exit")
+    check.add_argument("--live", action="store_true", help="also compare every site block "
+                       "with what the site's SLURM says, naming each difference")
+    onboard_cli.add_subcommands(sub)
     xurl = sub.add_parser("xcache-url", help="a root:// URL read through a site's cache "
                           "(idempotent; other URLs unchanged)")
     xurl.add_argument("urls", nargs="+", metavar="URL")
@@ -196,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         from provisioner.image import main as image_main
 
         return image_main(args.args)
+    if args.command in onboard_cli.COMMANDS:
+        return onboard_cli.run(args, lambda: _load(args.config), _fail)
     if args.command == "report" and args.journal:
         return cmd_report(args.journal, args.since, args.site, args.out)
     config = _load(args.config)
@@ -205,6 +211,10 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_report(config.journal, args.since, args.site, args.out)
     if args.command == "check-config":
         print(f"{args.config}: ok ({len(config.sites)} site(s): {', '.join(config.site_names)})")
+        if args.live:
+            from provisioner.onboard.command import live_differences
+
+            return live_differences(config)
         return 0
     if args.command == "once":
         with contextlib.nullcontext() if args.dry_run else _locked(config):

@@ -24,10 +24,11 @@ import jinja2
 
 from provisioner.config import Config, SiteConfig
 
-#: Where slurm_templates/ is looked for when the config does not say: a source
-#: checkout (beside the package), then the conventional installed location.
-DEFAULT_TEMPLATE_DIRS = (Path(__file__).resolve().parents[2] / "slurm_templates",
-                         Path("/usr/share/provisioner/slurm_templates"))
+#: Where slurm_templates/ is looked for when the config does not say (templates_dir
+#: overrides): the package data of an installed wheel, then a source checkout (beside
+#: the package).
+DEFAULT_TEMPLATE_DIRS = (Path(__file__).resolve().parents[1] / "_data" / "slurm_templates",
+                         Path(__file__).resolve().parents[2] / "slurm_templates")
 
 
 class TemplateError(Exception):

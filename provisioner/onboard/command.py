@@ -1,0 +1,180 @@
+"""The onboarding subcommands: `site check`, `site discover`, `check-config --live`.
+
+Thin: each reads what it needs and hands the pure parts (provisioner.onboard.fit,
+.discover, .table) plain data.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from provisioner.config import Config, PoolConfig, SiteConfig, SshExecutorConfig
+from provisioner.onboard import check, fit
+from provisioner.onboard.discover import Access, LiveError, discover, read_live
+from provisioner.onboard.probe import Limits, Probe
+from provisioner.onboard.table import Check, as_json, failed, render, site_ok, skipped
+from provisioner.sites.base import BackendError
+from provisioner.sites.executor import Executor
+from provisioner.sites.slurm_cli import SlurmCliBackend
+
+
+class CollectorAds:
+    """Startd ads from the pool's collector, as the provisioner's identity."""
+
+    def __init__(self, pool: PoolConfig) -> None:
+        import htcondor2 as htcondor
+
+        self.htcondor, self.collector = htcondor, pool.collector
+        if pool.token_file:
+            htcondor.param["SEC_TOKEN_DIRECTORY"] = os.path.dirname(pool.token_file)
+            htcondor.param["SEC_CLIENT_AUTHENTICATION_METHODS"] = "IDTOKENS"
+
+    def __call__(self, constraint: str) -> Sequence[Mapping[str, Any]]:
+        ads = self.htcondor.Collector(self.collector).query(
+            self.htcondor.AdType.Startd, constraint=constraint,
+            projection=["Name", "PilotContainerTest", "PilotSlurmJobId"])
+        return [dict(ad) for ad in ads]
+
+
+def _backend(config: Config, site: SiteConfig, executor: Executor, probe: bool
+             ) -> SlurmCliBackend:
+    pid = config.pool.provisioner_id + ("-probe" if probe else "")
+    return SlurmCliBackend(name=site.name, provisioner_id=pid, executor=executor,
+                           slurm_conf=site.slurm_conf, partition=site.partition,
+                           account=site.account, qos=site.qos,
+                           output_dir=site.runtime.log_dir or None,
+                           gpu_request=site.gpu_request, gpu_type=site.gpu_type,
+                           log_dir=site.runtime.log_dir or None)
+
+
+def _login(config: Config, index: int, site: SiteConfig, executor: Executor) -> list[Check]:
+    if isinstance(site.executor, SshExecutorConfig):
+        rows = check.ssh_file_checks(index, config, site.executor)
+        if any(r.ok is False for r in rows[:2]):
+            return rows
+        rows += check.login_checks(index, site, executor)
+    else:
+        result = executor.run(["id", "-un"], {"PATH": "/usr/bin:/bin"})
+        rows = [check.account_check(index, site, result.returncode, result.stdout)]
+    if all(r.ok is not False for r in rows):
+        rows.append(check.commands_check(executor))
+    return rows
+
+
+def _slurm(config: Config, index: int, site: SiteConfig, executor: Executor) -> list[Check]:
+    try:
+        live = read_live(executor, site.slurm_conf, f"sites[{index}] ({site.name})")
+    except LiveError as exc:
+        return [failed("SLURM answers", str(exc), f"check sites[{index}].slurm_conf "
+                             "and the site's controller", "slurm")]
+    rows = fit.slurm_checks(index, site, live.partitions, live.nodes)
+    if rows[0].ok:
+        rows.append(check.sbatch_check(index, config, site,
+                                       _backend(config, site, executor, probe=False)))
+    return rows
+
+
+def check_site(config: Config, index: int, probe: bool, limits: Limits,
+               control_dir: str) -> list[Check]:
+    site = config.sites[index]
+    executor = check.site_executor(site, control_dir)
+    rows: list[Check] = []
+    try:
+        rows += _login(config, index, site, executor)
+        if not site_ok(rows):
+            return [*rows, skipped("SLURM", "cannot run commands at the site", "slurm")]
+        rows += _slurm(config, index, site, executor)
+        rows.append(check.image_check(index, site, executor))
+        if not probe:
+            return [*rows, skipped("probe pilot", "--no-probe", "probe")]
+        if not site_ok(rows):
+            return [*rows, skipped("probe pilot", "the checks above failed", "probe")]
+        prober = Probe(index, site, config, _backend(config, site, executor, probe=True),
+                       CollectorAds(config.pool), limits)
+        return rows + prober.run()
+    except BackendError as exc:
+        return [*rows, failed("site commands", str(exc), "see the message", "ssh")]
+    finally:
+        executor.close()
+
+
+def site_check(config: Config, names: Sequence[str], as_json_out: bool, probe: bool,
+               limits: Limits | None = None) -> int:
+    """Check the named sites (all if none); 0 only if every check passed."""
+    unknown = [n for n in names if n not in config.site_names]
+    if unknown:
+        print(f"provisioner: site check: no site {', '.join(map(repr, unknown))} in the "
+              f"configuration (sites: {', '.join(config.site_names)})", file=sys.stderr)
+        return 2
+    chosen = [i for i, s in enumerate(config.sites) if not names or s.name in names]
+    results: dict[str, tuple[list[Check], float]] = {}
+    control_dir = check.private_dir()
+    try:
+        for i in chosen:
+            t0 = time.monotonic()
+            rows = check_site(config, i, probe, limits or Limits(), control_dir)
+            results[config.sites[i].name] = (rows, time.monotonic() - t0)
+            if not as_json_out:
+                print(render(config.sites[i].name, rows, time.monotonic() - t0), flush=True)
+    finally:
+        shutil.rmtree(control_dir, ignore_errors=True)
+    if as_json_out:
+        print(as_json(results))
+    return 0 if all(site_ok(rows) for rows, _ in results.values()) else 1
+
+
+def live_differences(config: Config) -> int:
+    """`check-config --live`: every field of every site block that differs from SLURM."""
+    control_dir = check.private_dir()
+    problems = 0
+    try:
+        for i, site in enumerate(config.sites):
+            executor = check.site_executor(site, control_dir)
+            try:
+                live = read_live(executor, site.slurm_conf, f"sites[{i}] ({site.name})")
+                lines = fit.differences(i, site, live.partitions, live.nodes)
+            except (LiveError, BackendError) as exc:
+                lines = [f"cannot read the live site: {exc}"]
+            finally:
+                executor.close()
+            problems += len(lines)
+            print(f"sites[{i}] ({site.name}): " + ("matches the live site" if not lines
+                  else f"{len(lines)} difference(s)"))
+            for line in lines:
+                print(f"  {line}")
+    finally:
+        shutil.rmtree(control_dir, ignore_errors=True)
+    return 1 if problems else 0
+
+
+def site_discover(access: Access, partition: str | None, image: str, account: str | None,
+                  name: str | None) -> int:
+    from provisioner.config import LocalExecutorConfig
+    from provisioner.sites import make_executor
+
+    where = f"{access.user}@{access.host}" if access.host else "this host"
+    control_dir = check.private_dir()
+    cfg: SshExecutorConfig | LocalExecutorConfig
+    if access.host:
+        cfg = SshExecutorConfig(type="ssh", host=access.host, user=access.user or "",
+                                port=access.port, key_file=access.key_file,
+                                known_hosts=access.known_hosts, control_dir=control_dir,
+                                control_persist_s=0)
+    else:
+        cfg = LocalExecutorConfig(run_as=access.user)
+    executor = make_executor(name or "discover", cfg)
+    try:
+        live = read_live(executor, access.slurm_conf, where)
+        print(discover(live, partition, access, image, account, name, where), end="")
+        return 0
+    except (LiveError, BackendError) as exc:
+        print(f"provisioner: site discover: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        executor.close()
+        shutil.rmtree(control_dir, ignore_errors=True)

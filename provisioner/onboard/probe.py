@@ -1,0 +1,279 @@
+"""The probe pilot of `provisioner site check`: one short, one-core SLURM job that
+runs the site's real batch script and pilot wrapper in the site's image.
+
+Before the wrapper, the script runs provisioner.onboard.nodecheck on the worker
+(image readable, Apptainer starts, TCP to the collector, the site's XRootD cache
+answers). The probe's startd must never take a job: its START is False
+(``_CONDOR_START`` passed into the container). It carries its own provisioner id
+(``<id>-probe``) so the service neither counts nor cancels it. Whatever happens
+the job is cancelled and waited for until SLURM no longer lists it; a probe that
+SLURM keeps pending is given up after `Limits.pending_s`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from provisioner.config import Config, SiteConfig
+from provisioner.onboard.nodecheck import PREFIX
+from provisioner.onboard.table import Check, failed, passed, skipped
+from provisioner.pilot.script import render_pilot_script
+from provisioner.sites.base import BackendError, PilotRequest
+from provisioner.sites.slurm_cli import SlurmCliBackend
+
+P = "probe"
+WRAPPER = "-m provisioner.pilot.wrapper"
+#: Ads of the probe's startd: constraint -> ads (a collector query).
+FindAds = Callable[[str], Sequence[Mapping[str, Any]]]
+
+
+class ProbeScriptError(Exception):
+    """The site's batch script has no line that starts the pilot wrapper."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    pending_s: float = 300.0  # give up on a probe SLURM keeps pending
+    join_s: float = 300.0  # from SLURM start to the startd's ad
+    leave_s: float = 90.0  # for the ad, and then the job, to go
+    poll_s: float = 3.0
+    walltime_s: int = 600
+
+
+def probe_script(script: str) -> str:
+    """The pilot's rendered batch script with the node checks before the wrapper and
+    a startd that takes no job. The check line is the wrapper's own line (already
+    quoted by the template) without ``exec`` and with the other module."""
+    lines = script.splitlines(keepends=True)
+    for i in range(len(lines) - 1, -1, -1):
+        line = lines[i]
+        if line.startswith("exec ") and line.rstrip().endswith(WRAPPER):
+            check = line[len("exec "):].replace(WRAPPER, "-m provisioner.onboard.nodecheck")
+            extra = ["# provisioner site check: node checks, and a startd that takes no job\n",
+                     check, "export APPTAINERENV__CONDOR_START=False\n"]
+            return "".join([*lines[:i], *extra, *lines[i:]])
+    raise ProbeScriptError(f"no line `exec ... {WRAPPER}` in the batch script")
+
+
+def parse_node_lines(text: str) -> dict[str, tuple[bool, str, float]]:
+    """nodecheck's lines in the probe's output -> {step: (ok, detail, seconds)}."""
+    out: dict[str, tuple[bool, str, float]] = {}
+    for line in text.splitlines():
+        if not line.startswith(PREFIX):
+            continue
+        try:
+            doc = json.loads(line[len(PREFIX):])
+            out[str(doc["step"])] = (doc["ok"] is True, str(doc["detail"]),
+                                     float(doc["seconds"]))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
+def parse_squeue_state(stdout: str) -> tuple[str, str] | None:
+    """``squeue -h -j ID -o %T|%r`` -> (state, reason); None: SLURM no longer lists it."""
+    for line in stdout.splitlines():
+        if "|" in line:
+            state, reason = line.strip().split("|", 1)
+            return state, reason
+    return None
+
+
+@dataclass
+class Probe:
+    """One probe at one site. `clock` and `sleep` are injected (tests run it on a
+    virtual clock); `ads` queries the collector."""
+
+    index: int
+    site: SiteConfig
+    config: Config
+    backend: SlurmCliBackend
+    ads: FindAds
+    limits: Limits = Limits()
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+    rows: dict[str, Check] = field(default_factory=dict)
+
+    @property
+    def constraint(self) -> str:
+        return (f'PilotSite == "{self.site.name}" && PilotProvisionerId == '
+                f'"{self.backend.provisioner_id}"')
+
+    def _job_constraint(self, job_id: str) -> str:
+        return f'{self.constraint} && PilotSlurmJobId == "{job_id}"'
+
+    def request(self) -> PilotRequest:
+        cfg = self.config.model_copy(update={"pool": self.config.pool.model_copy(
+            update={"provisioner_id": self.backend.provisioner_id})})
+        wall = max(self.limits.walltime_s, self.site.pilot.shutdown_margin_s + 300)
+        script = probe_script(render_pilot_script(cfg, self.site, wall, 0))
+        return PilotRequest(cpus=1, memory_mb=self.site.pilot.memory_per_cpu_mb,
+                            walltime_s=wall, shutdown_margin_s=self.site.pilot.shutdown_margin_s,
+                            script=script)
+
+    def state(self, job_id: str) -> tuple[str, str] | None:
+        result = self.backend.executor.run(
+            ["squeue", "--noheader", f"--jobs={job_id}", "--format=%T|%r"],
+            self.backend._env())
+        if result.returncode != 0 and "Invalid job id" in result.stderr:
+            return None
+        return parse_squeue_state(result.stdout)
+
+    def _wait(self, what: Callable[[], bool], limit: float) -> bool:
+        """Poll `what` until true or `limit` seconds passed; whether it came true."""
+        end = self.clock() + limit
+        while True:
+            if what():
+                return True
+            if self.clock() >= end:
+                return False
+            self.sleep(self.limits.poll_s)
+
+    def run(self) -> list[Check]:
+        """Submit, follow, release and cancel the probe; its rows in order."""
+        start = self.clock()
+        try:
+            job_id = self.backend.submit(self.request())
+        except (BackendError, ProbeScriptError) as exc:
+            return [failed("probe submitted", str(exc), f"see sites[{self.index}] "
+                           "(partition, account, qos) and the message", P)]
+        self.rows["probe submitted"] = passed("probe submitted", f"SLURM job {job_id}", P,
+                                              self.clock() - start)
+        try:
+            if self._follow(job_id):
+                self._release(job_id)
+        finally:
+            self._clean_up(job_id)
+        return self.report(job_id)
+
+    def _follow(self, job_id: str) -> bool:
+        """Until the job runs, then until its startd's ad appears; whether it did."""
+        t0 = self.clock()
+        seen: list[tuple[str, str] | None] = []
+
+        def started() -> bool:
+            seen.append(self.state(job_id))
+            return seen[-1] is None or seen[-1][0] != "PENDING"
+
+        if not self._wait(started, self.limits.pending_s):
+            reason = seen[-1][1] if seen and seen[-1] else "?"
+            self.rows["probe starts"] = failed(
+                "probe starts", f"pending for {self.clock() - t0:.0f} s: {reason}",
+                f"SLURM did not start a 1-core job at sites[{self.index}] "
+                f"(partition {self.site.partition or 'default'}); run again when the "
+                "site is less busy, or check its limits for the account", P)
+            return False
+        self.rows["probe starts"] = passed("probe starts", f"SLURM started it "
+                                           f"({seen[-1][0] if seen[-1] else 'ended'})", P,
+                                           self.clock() - t0)
+        t1 = self.clock()
+        found: list[Mapping[str, Any]] = []
+
+        def joined() -> bool:
+            found[:] = list(self.ads(self._job_constraint(job_id)))
+            return bool(found) or self.state(job_id) is None
+
+        self._wait(joined, self.limits.join_s)
+        if not found:
+            self.rows["reaches the collector"] = failed(
+                "reaches the collector", f"no startd ad of job {job_id} within "
+                f"{self.clock() - t1:.0f} s of its start",
+                f"see the node checks below and the pilot's output in "
+                f"{self.site.runtime.log_dir or '(runtime.log_dir unset)'}", P)
+            return False
+        ad = found[0]
+        self.rows["reaches the collector"] = passed(
+            "reaches the collector", f"{ad.get('Name', '?')} in the pool through CCB", P,
+            self.clock() - t1)
+        self.rows["nested-container self-test"] = self._container_row(ad)
+        return True
+
+    def _container_row(self, ad: Mapping[str, Any]) -> Check:
+        name = "nested-container self-test"
+        if not self.site.runtime.containers:
+            return skipped(name, f"runtime.containers is off at sites[{self.index}]", P)
+        result = str(ad.get("PilotContainerTest", ""))
+        if result.startswith("ok"):
+            return passed(name, result, P)
+        return failed(name, result or "no PilotContainerTest in the ad",
+                      "user namespaces / Apptainer on the worker nodes (see the pilot log)", P)
+
+    def _release(self, job_id: str) -> None:
+        t0 = self.clock()
+        try:
+            self.backend.release(job_id)
+        except BackendError as exc:
+            self.rows["ad leaves the collector"] = failed(
+                "ad leaves the collector", f"release failed: {exc}", "see the message", P)
+            return
+        gone = self._wait(lambda: not self.ads(self._job_constraint(job_id)),
+                          self.limits.leave_s)
+        self.rows["ad leaves the collector"] = (
+            passed("ad leaves the collector", "released: the startd drained and left", P,
+                   self.clock() - t0) if gone else
+            failed("ad leaves the collector", f"still there after {self.limits.leave_s:.0f} s",
+                   "see the pilot's log", P))
+
+    def _clean_up(self, job_id: str) -> None:
+        problems = []
+        try:
+            self.backend.cancel(job_id)
+            if not self._wait(lambda: self.state(job_id) is None, self.limits.leave_s):
+                problems.append(f"job {job_id} still listed by squeue")
+        except BackendError as exc:
+            problems.append(f"scancel {job_id}: {exc}")
+        if self.ads(self._job_constraint(job_id)):
+            problems.append("its startd ad is still in the collector")
+        self.rows["cleaned up"] = (
+            passed("cleaned up", f"job {job_id} gone from SLURM, no ad left", P)
+            if not problems else
+            failed("cleaned up", "; ".join(problems), f"scancel {job_id} at the site", P))
+
+    def node_rows(self, job_id: str) -> list[Check]:
+        """The worker's own checks, from the probe's output file."""
+        names = {"image": "image readable on the worker", "apptainer": "Apptainer starts",
+                 "collector": "worker connects to the collector",
+                 "xcache": "XRootD cache answers"}
+        wanted = [k for k in names if k != "xcache" or self.site.xcache]
+        log_dir = self.site.runtime.log_dir
+        if not log_dir:
+            why = f"sites[{self.index}].runtime.log_dir is unset: no probe output to read"
+            return [skipped(names[k], why, P) for k in wanted]
+        path = f"{log_dir}/{self.backend.job_name}-{self.site.name}-{job_id}.out"
+        try:
+            text = self.backend.executor.run(["head", "-c", "200000", "--", path],
+                                             self.backend._env()).stdout
+        except BackendError as exc:
+            text = ""
+            path += f" ({exc})"
+        steps = parse_node_lines(text)
+        rows = []
+        for key in wanted:
+            if key not in steps:
+                rows.append(skipped(names[key], f"no result in {path}", P))
+                continue
+            ok, detail, took = steps[key]
+            rows.append(passed(names[key], detail, P, took) if ok else
+                        failed(names[key], detail, self._fix(key), P, took))
+        return rows
+
+    def _fix(self, key: str) -> str:
+        i = self.index
+        return {"image": f"publish the image at sites[{i}].image on the worker nodes",
+                "apptainer": "install Apptainer on the worker nodes (user namespaces on)",
+                "collector": f"allow outbound TCP from the worker nodes to pool.collector "
+                             f"{self.config.pool.collector} (CCB: no inbound needed)",
+                "xcache": f"check sites[{i}].xcache {self.site.xcache}: is the cache up "
+                          "and reachable from the workers?"}[key]
+
+    def report(self, job_id: str) -> list[Check]:
+        order = ["probe submitted", "probe starts", "reaches the collector",
+                 "nested-container self-test", "ad leaves the collector"]
+        rows = [self.rows.get(n) or skipped(n, "earlier step failed", P) for n in order]
+        if "probe starts" in self.rows and self.rows["probe starts"].ok:
+            rows[3:3] = self.node_rows(job_id)
+        return [*rows, self.rows["cleaned up"]]
