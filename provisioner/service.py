@@ -241,6 +241,8 @@ class Provisioner:
                 outcome = f"submitted {list(sent.ids)}; failed: {sent.error}"
             else:
                 outcome = f"submitted {list(sent.ids)}"
+            if sent.replanned and not sent.skipped:
+                log.info("%s: %s", text, outcome)
             out.append((text, outcome))
         return out
 
