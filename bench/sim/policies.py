@@ -35,6 +35,7 @@ class PlanPolicy:
         #: SLURM's answers to sbatch go to the controller, as the service sends them
         #: (False: the world applies the submissions and the controller hears nothing)
         self.learn = learn
+        self.planned: list[Action] = []  # the last cycle's actions, its Submits included
         self.controller = Controller(config)
         self._submitted = 0  # world.all_pilots already told to the controller
 
@@ -48,6 +49,7 @@ class PlanPolicy:
         # from their submission (one that starts and dies between two cycles counts).
         self.controller.submitted(p.key for p in world.all_pilots[self._submitted:])
         self._submitted = len(world.all_pilots)
+        self.planned = []
         look = self.controller.look(now)
         if not look:
             return []
@@ -63,6 +65,7 @@ class PlanPolicy:
         snap = world.snapshot(arrivals_since=since)
         queue = QueueSize(*world.queue_size(since)) if since is not None else None
         actions = list(self.controller.cycle(snap, now, queue).actions)
+        self.planned = actions
         if not self.learn:
             return actions
         submit_all(self.controller, [a for a in actions if isinstance(a, Submit)],
