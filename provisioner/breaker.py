@@ -86,6 +86,8 @@ class SiteBreakers:
     def _failure(self, site: str, key: str, now: float) -> list[str]:
         st = self.state(site)
         st.failures += 1
+        if st.open_until is not None:
+            return []  # already open: counted, no new transition (and no new line)
         if not st.probing and st.failures < self.threshold:
             return []
         st.delay_s = min(self.max_s, st.delay_s * 2 if st.probing else self.base_s)

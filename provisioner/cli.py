@@ -99,7 +99,8 @@ def cmd_status(config: Config, as_json: bool) -> int:
     stuck.load(learnt.get("stuck") or [])
     snap = replace(snap, demand=stuck.mark(snap.demand))
     st = gather(config, snap, now, breakers_of(j), j.get("flagged", {}) or {},
-                j.pilots(since=now - 86400.0), j.get("last_cycle"), learnt.get("estimates"))
+                j.pilots(since=now - 86400.0), j.get("last_cycle"), learnt.get("estimates"),
+                limits=j.get("limits") or {})
     print(json.dumps(st, indent=2, sort_keys=True) if as_json
           else render(st, tty=sys.stdout.isatty()))
     return 0

@@ -22,6 +22,10 @@ Contract of one cycle, in order:
    pure `plan()`) and carries the state over to the next cycle. Apply `plan.actions`.
 5. After pilots were submitted: ``controller.submitted(keys)`` (the circuit breaker
    follows them from then on, even if one starts and dies before the next cycle looks).
+   Each `Submit` sent, with the job ids it got and the error that stopped it:
+   ``controller.sent(action, ids, error, now)`` (SLURM's limits, `provisioner.limits`);
+   after a failure, ``controller.replan(now)`` places what the failed site was to take
+   at the other sites in the same cycle (`provisioner.submitter` drives both).
    After a release was sent: ``controller.released(key, now)``; once per cycle, with the
    pool's view, ``controller.follow_releases(now, view)`` names the SLURM jobs of released
    pilots to cancel (startd gone, job lingering). A `Retire` or `Unretire` counts as sent
@@ -41,9 +45,11 @@ from provisioner.breaker import SiteBreakers
 from provisioner.cadence import SLACK, CycleMark, Probe, cycle_due
 from provisioner.config import Config
 from provisioner.estimates import Estimates
+from provisioner.limits import SiteLimits
 from provisioner.model import (
     Action,
     Cancel,
+    Pilot,
     PilotState,
     Plan,
     Retire,
@@ -53,6 +59,7 @@ from provisioner.model import (
 )
 from provisioner.plan import carry_over, plan
 from provisioner.scaledown import drained_empty
+from provisioner.sites.base import BackendError
 from provisioner.stuck import StuckGroups
 
 log = logging.getLogger(__name__)
@@ -121,6 +128,11 @@ class Controller:
     #: circuit-breaker state changes seen by the last cycle (the service logs them)
     transitions: list[str] = field(default_factory=list)
     cycles: int = 0
+    limits: SiteLimits = field(default_factory=SiteLimits)  # what SLURM's refusals taught
+    planned: Snapshot | None = None  # the last committed cycle's prepared snapshot
+    #: this cycle's pilots submitted so far (as pending pilots) and sites that failed
+    just_sent: list[Pilot] = field(default_factory=list)
+    failed_sites: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         r = self.config.policy.reserve
@@ -139,7 +151,7 @@ class Controller:
         `provisioner status` reads the breakers, estimates and stuck shapes from there."""
         return {"estimates": self.estimates.to_dict(), "breakers": self.breakers.to_dict(),
                 "retiring": sorted(self.retiring), "waits_counted": self.estimates.counted(),
-                "stuck": self.stuck.to_list()}
+                "stuck": self.stuck.to_list(), "limits": self.limits.to_dict()}
 
     def load(self, data: dict[str, Any] | None) -> None:
         """Restore what `state()` returned (missing or malformed parts are ignored)."""
@@ -149,6 +161,7 @@ class Controller:
         if isinstance(counted, list):
             self.estimates.load_counted(counted)
         self.breakers.load(data.get("breakers") or {})
+        self.limits.load(data.get("limits") or {})
         stuck = data.get("stuck")
         if isinstance(stuck, list):
             self.stuck.load(stuck)
@@ -222,6 +235,7 @@ class Controller:
         snap = self.prepare(snapshot, now, queue, commit)
         result = plan(snap, self.config, now)
         if commit:
+            self.planned, self.just_sent, self.failed_sites = snap, [], set()
             self.remember(snap, result, now, idle_ads)
         return result
 
@@ -247,6 +261,13 @@ class Controller:
                     [p.key for p in seen if p.site == site
                      and (p.name is not None or p.state in _UP)], now)
             self.transitions += self.stuck.observe(snapshot, self.config, now)
+            for site in sorted(known):
+                limited: dict[str, int] = {}
+                for p in seen:
+                    if p.site == site and p.limit_reason:
+                        limited[p.limit_reason] = limited.get(p.limit_reason, 0) + 1
+                self.transitions += self.limits.observe(
+                    site, sum(1 for p in seen if p.site == site), limited, now)
         in_flight: dict[str, int] = {}
         for p in seen:
             if p.state in (PilotState.PENDING, PilotState.STARTING):
@@ -267,6 +288,8 @@ class Controller:
                        recent_departures=left, estimates=dict(self.estimates.sites),
                        unneeded_cycles=dict(self.unneeded), hedged=frozenset(self.hedged),
                        submit_limit=self.breakers.limits(now, in_flight), drained_cycles=drained,
+                       limit_room=self.limits.rooms(_held(snapshot.pilots),
+                                                    self.config.site_names, now),
                        probing=self.breakers.probing(), retiring=frozenset(self.retiring),
                        arrival_times=len(self.arrivals),
                        reserve_hold=max((n for _t, n in self.reserves), default=0))
@@ -367,6 +390,61 @@ class Controller:
     def cancelled(self, key: str) -> None:
         """The SLURM job of released pilot `key` was cancelled: stop following it."""
         self.releases.pop(key, None)
+
+
+    # -- SLURM's answers to this cycle's submissions -------------------------------------
+    def sent(self, action: Submit, ids: Iterable[str], error: BackendError | None,
+             now: float) -> str:
+        """A `Submit` of this cycle was sent: `ids` the jobs SLURM accepted, `error` what
+        stopped it (None: all accepted). Learns from a refusal (`SiteLimits.refused`) and
+        returns its line for the log ("" when nothing changed)."""
+        for job_id in ids:
+            self.just_sent.append(Pilot(action.site, job_id, PilotState.PENDING, action.cpus,
+                                        action.memory_mb, now, free_cpus=action.cpus,
+                                        free_memory_mb=action.memory_mb, gpus=action.gpus,
+                                        free_gpus=action.gpus))
+        if error is None:
+            return f"{action.site}: sbatch accepted again" if self.limits.submitted(
+                action.site) else ""
+        self.failed_sites.add(action.site)
+        pilots = (self.planned.pilots if self.planned is not None else ()) + tuple(
+            self.just_sent)
+        return self.limits.refused(action.site, error, _held(pilots).get(action.site, 0), now)
+
+    def held_now(self, snapshot: Snapshot) -> dict[str, int]:
+        """Pilots each site holds: those of `snapshot` and this cycle's submissions (what
+        its SLURM limits count)."""
+        return _held(snapshot.pilots + tuple(self.just_sent))
+
+    def replan(self, now: float) -> list[Submit]:
+        """After an sbatch failed this cycle: the submissions that place the demand the
+        failed sites were to take at the other sites (what was submitted so far counts as
+        pending pilots, within this cycle's caps). Only `Submit`s; nothing is remembered
+        (the next cycle sees the new pilots in squeue)."""
+        snap = self.planned
+        if snap is None or not self.failed_sites:
+            return []
+        pilots = snap.pilots + tuple(self.just_sent)
+        room = self.limits.rooms(_held(pilots), self.config.site_names, now)
+        sent = _held(self.just_sent)
+        for site in self.config.sites:
+            if sent.get(site.name):
+                left = site.caps.max_submit_per_cycle - sent[site.name]
+                room[site.name] = min(room.get(site.name, left), left)
+        policy = self.config.policy
+        left = max(0, policy.max_submit_per_cycle - len(self.just_sent))
+        config = self.config.model_copy(update={"policy": policy.model_copy(
+            update={"max_submit_per_cycle": left})})
+        result = plan(replace(snap, pilots=pilots, limit_room=room), config, now)
+        return [a for a in result.submits if a.site not in self.failed_sites]
+
+
+def _held(pilots: Iterable[Pilot]) -> dict[str, int]:
+    """Pilots each site holds in SLURM (what its limits count)."""
+    out: dict[str, int] = {}
+    for p in pilots:
+        out[p.site] = out.get(p.site, 0) + 1
+    return out
 
 
 def _joining(snapshot: Snapshot, result: Plan) -> int:

@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from provisioner.breaker import BreakerState
 from provisioner.config import MetricsConfig, SiteConfig
+from provisioner.limits import SiteLimits
 from provisioner.matching import item_of, site_rejects
 from provisioner.model import Demand, Pilot, PilotState, Unmatchable
 
@@ -49,6 +50,15 @@ SERIES: dict[str, tuple[str, tuple[str, ...], str]] = {
     P + "site_read_errors_total": ("counter", ("site",), "Failed squeue reads of a site"),
     P + "site_circuit_state": ("gauge", ("site",),
                                "Circuit breaker: 0 closed, 1 half-open, 2 open"),
+    P + "sbatch_refused_total": ("counter", ("site", "kind"),
+                                 "Failed sbatch by SLURM's reason: limit (a submit limit), "
+                                 "config (account, partition, time limit refused), busy "
+                                 "(busy, timed out, rate limited), other"),
+    P + "site_sbatch_state": ("gauge", ("site",), "SLURM limits of a site: 0 none known, "
+                              "1 at its submission or job limit, 2 sbatch backed off, "
+                              "3 stopped (configuration refused)"),
+    P + "site_limit_jobs": ("gauge", ("site",), "A site's learnt submission or job limit "
+                            "(pilots it may hold; -1: none known)"),
     P + "pool_known": ("gauge", (), "1 if the schedd and collector were read last cycle"),
     P + "history_read_errors_total": ("counter", (), "Failed schedd history reads"),
     P + "pilot_end_records_total": ("counter", ("site",),
@@ -103,6 +113,24 @@ def circuit_codes(states: Mapping[str, BreakerState], now: float) -> dict[str, i
     return out
 
 
+def limit_codes(limits: SiteLimits, held: Mapping[str, int], sites: Iterable[str],
+                now: float) -> dict[str, tuple[int, int]]:
+    """Each site's SLURM limits as numbers: (state, learnt limit or -1); state 0 none
+    known, 1 at its limit, 2 sbatch backed off, 3 stopped."""
+    out = {}
+    for site in sites:
+        cap = limits.caps.get(site)
+        jobs = cap.jobs if cap is not None else -1
+        if site in limits.stopped:
+            state = 3
+        elif not limits.busy.due(site, now):
+            state = 2
+        else:
+            state = 1 if cap is not None and held.get(site, 0) >= cap.jobs else 0
+        out[site] = (state, jobs)
+    return out
+
+
 @dataclass(frozen=True)
 class SiteCores:
     allocated: int
@@ -147,8 +175,10 @@ class Metrics:
     def cycle(self, *, now: float, timings: Mapping[str, float], sites: Sequence[SiteConfig],
               pool_known: bool, demand: Iterable[Demand], unmatchable: Iterable[Unmatchable],
               pilots: Sequence[Pilot], circuit: Mapping[str, int],
-              known_sites: Iterable[str]) -> None:
-        """One full cycle's view; gauges of unknown parts keep their last value."""
+              known_sites: Iterable[str],
+              limits: Mapping[str, tuple[int, int]] | None = None) -> None:
+        """One full cycle's view; gauges of unknown parts keep their last value.
+        `limits`: site -> (state, learnt limit) as `limit_codes` gives them."""
         self._metric("cycles_total").inc()
         self._metric("last_cycle_timestamp_seconds").set(now)
         for phase, seconds in timings.items():
@@ -157,6 +187,9 @@ class Metrics:
         names = [s.name for s in sites]
         for site in names:
             self._metric("site_circuit_state", site=site).set(circuit.get(site, 0))
+            code, jobs = (limits or {}).get(site, (0, -1))
+            self._metric("site_sbatch_state", site=site).set(code)
+            self._metric("site_limit_jobs", site=site).set(jobs)
         if not pool_known:
             return
         for site, n in demand_by_site(demand, sites).items():
@@ -185,6 +218,10 @@ class Metrics:
             self._metric("pilot_boot_seconds", site=site).observe(boot)
         for site in ended_without_join:
             self._metric("pilots_failed_to_join_total", site=site).inc()
+
+    def refused(self, site: str, kind: str) -> None:
+        """One failed sbatch at `site` of `kind` (limit, config, busy, other)."""
+        self._metric("sbatch_refused_total", site=site, kind=kind).inc()
 
     def count(self, name: str, site: str | None = None, n: int = 1) -> None:
         """Add `n` to counter `name` (without prefix and `_total`), labelled by site."""

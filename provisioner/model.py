@@ -81,6 +81,9 @@ class Pilot:
     gpus: int = 0  # allocation GPUs
     free_gpus: int = 0  # unclaimed GPUs in the partitionable slot; for PENDING/STARTING = gpus
     joined_at: float | None = None  # its startd's start (DaemonStartTime), once in the pool
+    #: PENDING at a job-count limit of the account (SLURM's reason, e.g.
+    #: QOSMaxJobsPerUserLimit): no capacity on its way; "" otherwise.
+    limit_reason: str = ""
     #: "site/job_id", unique over all sites (derived, computed once).
     key: str = field(init=False, repr=False, compare=False)
 
@@ -143,6 +146,10 @@ class Snapshot:
     hedged: frozenset[str] = frozenset()
     #: site -> most new pilots allowed this cycle (circuit breaker); absent = no limit.
     submit_limit: dict[str, int] = field(default_factory=dict)
+    #: site -> most new pilots its SLURM limits allow this cycle (a learnt submission or
+    #: job limit, a back-off after a busy sbatch, a refused configuration: 0); absent =
+    #: no limit known (`provisioner.limits`).
+    limit_room: dict[str, int] = field(default_factory=dict)
     #: sites whose circuit breaker is half-open: their pending pilot is the probe.
     probing: frozenset[str] = frozenset()
     #: DRAINING pilot (drained by someone else) with nothing running -> consecutive

@@ -96,6 +96,7 @@ def merge_pilots(site: str, jobs: list[SiteJob], ads: Mapping[str, PilotAd],
             gpus=ad.gpus if ad else job.gpus,
             free_gpus=(0 if busy_draining else ad.free_gpus if up and ad else job.gpus),
             joined_at=ad.started_at if ad else None,
+            limit_reason=job.limit_reason if state is PilotState.PENDING else "",
         ))
     return out
 

@@ -113,8 +113,8 @@ def _deadline(p: Pilot, site: SiteConfig, now: float) -> float | None:
 
 def site_rows(snapshot: Snapshot, config: Config) -> dict[str, SiteRow]:
     """One `SiteRow` per configured site with its pilot counts, its room for new pilots
-    (the tightest of its caps and its circuit breaker; none at a site not read this
-    cycle) and an empty `NewPilots`."""
+    (the tightest of its caps, its circuit breaker and its SLURM limits; none at a site
+    not read this cycle) and an empty `NewPilots`."""
     known = {v.name: v.known for v in snapshot.sites}
     rows = {s.name: SiteRow(s, known.get(s.name, False)) for s in config.sites}
     for p in snapshot.pilots:
@@ -136,6 +136,9 @@ def site_rows(snapshot: Snapshot, config: Config) -> dict[str, SiteRow]:
         limit = snapshot.submit_limit.get(s.name)
         if limit is not None:
             s.room["circuit breaker"] = limit
+        limit = snapshot.limit_room.get(s.name)
+        if limit is not None:
+            s.room["SLURM limits"] = limit
         allowed = max(0, min(s.room.values())) if s.known else 0
         shape = s.config.pilot
         s.new = NewPilots(shape.cpus, shape.memory_mb, shape.gpus, allowed, shape.pack_cpus)
@@ -154,8 +157,8 @@ def add_capacity(sites: dict[str, SiteRow], snapshot: Snapshot, now: float,
     for p in snapshot.pilots:
         row = sites.get(p.site)
         tier = tier_of.get(p.state)
-        if row is None or tier is None or p.key in skip:
-            continue
+        if row is None or tier is None or p.key in skip or p.limit_reason:
+            continue  # a pilot pending at a job-count limit is no capacity on its way
         if p.state in whole:
             free = (p.cpus, p.memory_mb, p.gpus)
         elif p.free_cpus > 0:

@@ -24,7 +24,7 @@ from provisioner.controller import Controller, PoolView, QueueSize
 from provisioner.cycle_text import action_target, breakers_of, describe, summary_line
 from provisioner.journal import Journal
 from provisioner.ledger import Ledger
-from provisioner.metrics import Metrics, MetricsError, circuit_codes
+from provisioner.metrics import Metrics, MetricsError, circuit_codes, limit_codes
 from provisioner.model import (
     Cancel,
     Demand,
@@ -59,6 +59,7 @@ from provisioner.sites.base import (
     SiteJob,
 )
 from provisioner.submit_events import EventLogFollower, Wakeup, resolve_path
+from provisioner.submitter import refusal_kind, submit_all
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +209,8 @@ class Provisioner:
         return self.config.site(site).pilot.shutdown_margin_s + SLURM_SIGNAL_SLOP_S
 
     # --- act -------------------------------------------------------------
-    def _submit(self, action: Submit) -> str:
+    def _submit(self, action: Submit) -> tuple[list[str], BackendError | None]:
+        """sbatch `action.count` pilots, stopping at the first failure: (ids, error)."""
         site = self.config.site(action.site)
         backend = self.backends[action.site]
         script = render_pilot_script(self.config, site, action.walltime_s, action.gpus)
@@ -216,19 +218,37 @@ class Provisioner:
                                walltime_s=action.walltime_s,
                                shutdown_margin_s=site.pilot.shutdown_margin_s, script=script,
                                gpus=action.gpus)
-        ids = []
+        ids: list[str] = []
+        error: BackendError | None = None
         try:
             for _ in range(action.count):
                 ids.append(backend.submit(request))
         except BackendError as exc:
+            error = exc
+            self.metrics.refused(action.site, refusal_kind(exc))
             log.error("submission at %s stopped after %d of %d: %s", action.site, len(ids),
                       action.count, exc)
-            return f"submitted {ids}; failed: {exc}"
         finally:
             if ids:  # followed by the circuit breaker from now on
                 self.controller.submitted(f"{action.site}/{i}" for i in ids)
                 self.metrics.count("pilots_submitted", action.site, len(ids))
-        return f"submitted {ids}"
+        return ids, error
+
+    def _submit_all(self, submits: list[Submit]) -> list[tuple[str, str]]:
+        """This cycle's submissions, a refused site's share placed anew elsewhere."""
+        out = []
+        for sent in submit_all(self.controller, submits, self._submit, self.clock()):
+            text = describe(sent.action) + (" (placed anew)" if sent.replanned else "")
+            if sent.skipped:
+                outcome = "skipped: sbatch at this site failed earlier this cycle"
+            elif sent.error is not None:
+                outcome = f"submitted {list(sent.ids)}; failed: {sent.error}"
+            else:
+                outcome = f"submitted {list(sent.ids)}"
+            if sent.replanned and not sent.skipped:
+                log.info("%s: %s", text, outcome)
+            out.append((text, outcome))
+        return out
 
     def _release(self, action: Release,
                  fresh: tuple[Mapping[str, PilotAd], frozenset[str]] | None) -> str:
@@ -285,12 +305,13 @@ class Provisioner:
                 fresh = (self.pool.pilot_ads(), self.pool.queue().running_on)
             except PoolUnreachable as exc:
                 log.error("no release this cycle, collector unreadable: %s", exc)
+        outcomes += self._submit_all([a for a in result.actions if isinstance(a, Submit)])
         for action in result.actions:
             text = describe(action)
             try:
                 if isinstance(action, Submit):
-                    outcome = self._submit(action)
-                elif isinstance(action, Release):
+                    continue
+                if isinstance(action, Release):
                     outcome = self._release(action, fresh)
                 elif isinstance(action, Cancel):
                     pending = action.pilot.state is PilotState.PENDING
@@ -353,7 +374,9 @@ class Provisioner:
             pool_known=obs.snapshot.pool_known, demand=obs.snapshot.demand,
             unmatchable=result.unmatchable, pilots=obs.snapshot.pilots,
             circuit=circuit_codes(self.controller.breakers.states, now),
-            known_sites=[v.name for v in obs.snapshot.sites if v.known])
+            known_sites=[v.name for v in obs.snapshot.sites if v.known],
+            limits=limit_codes(self.controller.limits, self.controller.held_now(obs.snapshot),
+                               self.config.site_names, self.clock()))
         cid = self.journal.cycle(reason, line, cycle.timings)
         for text, outcome in cycle.outcomes:
             kind = text.split(" ", 1)[0]
@@ -362,6 +385,8 @@ class Provisioner:
         self.journal.put("flagged", self.flagged)
         self.journal.put("controller", self.controller.state())
         self.journal.put("breakers", self.controller.breakers.snapshot(now))
+        self.journal.put("limits", self.controller.limits.snapshot(
+            self.controller.held_now(obs.snapshot), self.clock()))
         self.journal.put("last_cycle", {
             "at": now, "summary": line, "timings": cycle.timings,
             "actions": [[text, outcome] for text, outcome in cycle.outcomes]})

@@ -3,7 +3,9 @@
 `gather()` builds a plain dict with stable keys from one observation, the journal and
 the configuration; `render()` turns it into tables (bold and colour only for a tty).
 Keys: ``at``, ``pool`` {collector, provisioner_id, known}, ``sites`` [{name, known,
-error, circuit, pilots {state: {count, oldest_age_s}}, cores_allocated, cores_claimed,
+error, circuit, limits (SLURM's limits in words, "" if none: "at its submission limit
+(20 jobs, ...)", "stopped: ..."), pilots {state: {count, oldest_age_s}},
+cores_allocated, cores_claimed,
 lead_time_p50_s {queue_wait, boot}, learnt {queue_wait_s, boot_s, samples} (the
 estimate placement uses, kept in the journal; the configured defaults while samples is
 0), flagged}], ``demand`` [{cores, memory_mb,
@@ -53,7 +55,8 @@ def _age(p: Pilot, now: float) -> float:
 def gather(config: Config, snap: Snapshot, now: float, breakers: Mapping[str, str],
            flagged: Mapping[str, float], records: Sequence[PilotRecord],
            last: Mapping[str, Any] | None,
-           learnt: Mapping[str, Mapping[str, float]] | None = None) -> dict[str, Any]:
+           learnt: Mapping[str, Mapping[str, float]] | None = None,
+           limits: Mapping[str, str] | None = None) -> dict[str, Any]:
     cores = cores_by_site(snap.pilots, config.site_names)
     sites = []
     for view in snap.sites:
@@ -68,6 +71,7 @@ def gather(config: Config, snap: Snapshot, now: float, breakers: Mapping[str, st
         sites.append({
             "name": view.name, "known": view.known, "error": view.error,
             "circuit": breakers.get(view.name, "closed"), "pilots": states,
+            "limits": str((limits or {}).get(view.name, "")),
             "cores_allocated": cores[view.name].allocated,
             "cores_claimed": cores[view.name].claimed,
             "lead_time_p50_s": lead_p50(records, view.name, now),
@@ -117,6 +121,9 @@ def render(st: Mapping[str, Any], tty: bool = False) -> str:
         head = f"\nSite {s['name']}: " + ("ok" if s["known"] else red(f"UNKNOWN ({s['error']})"))
         circuit = s["circuit"]
         head += "; circuit " + (circuit if circuit.startswith("closed") else red(circuit))
+        if s.get("limits"):
+            head += f"; {s['name']}: " + (red(s["limits"]) if s["limits"].startswith(
+                ("at ", "stopped")) else s["limits"])
         out.append(bold(head) if s["known"] else head)
         lead = s["lead_time_p50_s"]
         out.append(f"  cores allocated {s['cores_allocated']}, claimed {s['cores_claimed']}; "

@@ -25,6 +25,11 @@ class SiteModel:
     wait_sigma: float = 1.0
     boot_s: float = 90.0
     black_hole: bool = False  # pilots exit after boot_s without ever joining the pool
+    #: An account limit: sbatch is refused (SLURM's words) while the site holds this many
+    #: pilot jobs (None: no limit).
+    submit_limit: int | None = None
+    #: sbatch beyond this many per minute fails with "Rate limit exceeded" (None: no limit).
+    sbatch_per_min: int | None = None
 
     @property
     def name(self) -> str:

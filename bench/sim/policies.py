@@ -23,14 +23,19 @@ from provisioner.cadence import Probe
 from provisioner.config import Config
 from provisioner.controller import Controller, QueueSize
 from provisioner.model import Action, PilotState, Release, Submit
+from provisioner.submitter import submit_all
 
 
 class PlanPolicy:
     """Ours: the service's controller on the simulated world."""
 
-    def __init__(self, config: Config, name: str = "ours") -> None:
+    def __init__(self, config: Config, name: str = "ours", learn: bool = True) -> None:
         self.name = name
         self.config = config
+        #: SLURM's answers to sbatch go to the controller, as the service sends them
+        #: (False: the world applies the submissions and the controller hears nothing)
+        self.learn = learn
+        self.planned: list[Action] = []  # the last cycle's actions, its Submits included
         self.controller = Controller(config)
         self._submitted = 0  # world.all_pilots already told to the controller
 
@@ -44,6 +49,7 @@ class PlanPolicy:
         # from their submission (one that starts and dies between two cycles counts).
         self.controller.submitted(p.key for p in world.all_pilots[self._submitted:])
         self._submitted = len(world.all_pilots)
+        self.planned = []
         look = self.controller.look(now)
         if not look:
             return []
@@ -58,7 +64,13 @@ class PlanPolicy:
         since = self.controller.arrivals_since(now)
         snap = world.snapshot(arrivals_since=since)
         queue = QueueSize(*world.queue_size(since)) if since is not None else None
-        return list(self.controller.cycle(snap, now, queue).actions)
+        actions = list(self.controller.cycle(snap, now, queue).actions)
+        self.planned = actions
+        if not self.learn:
+            return actions
+        submit_all(self.controller, [a for a in actions if isinstance(a, Submit)],
+                   world.sbatch, now)
+        return [a for a in actions if not isinstance(a, Submit)]
 
 
 def _whole_node(site: SiteModel, count: int = 1) -> Submit:

@@ -48,6 +48,8 @@ class RunResult:
     #: site -> (pilots started, allocated core-h)
     placement: dict[str, tuple[int, float]] = field(default_factory=dict)
     seed: int = 0
+    sbatch_calls: int = 0  # sbatch attempts, refused ones included
+    sbatch_refused: int = 0
     timeline: list[Sample] = field(repr=False, default_factory=list)
 
     @property
@@ -100,4 +102,5 @@ def summarize(world: World, policy: str, trace: str) -> RunResult:
         timeline=world.timeline, killed_core_h=world.killed_core_s / HOUR,
         pending_cancelled=sum(1 for p in world.all_pilots if p.cancelled),
         placement=dict(sorted(placement.items())),
+        sbatch_calls=world.sbatch_calls, sbatch_refused=world.sbatch_refused,
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from bench.sim.entities import Policy, SiteModel
 from bench.sim.policies import CobaldPolicy, PlanPolicy, PrototypePolicy
 from bench.sim.results import RunResult
@@ -10,6 +12,8 @@ from bench.sim.world import World
 from provisioner import config as cf
 
 POLICIES = ("prototype", "cobald", "ours")
+#: "ours" whose controller hears nothing of SLURM's refusals (as before issue 23)
+BLIND = "ours-blind"
 
 
 def _site(name: str, cpus: int, memory_mb: int, walltime_s: int, margin_s: int,
@@ -60,8 +64,15 @@ def hetero_sites() -> list[SiteModel]:
     ]
 
 
+def limited_sites() -> list[SiteModel]:
+    """The default sites, but the cheaper one (gsi) lets the account hold at most 20 jobs
+    and take 4 sbatch per minute: beyond, sbatch is refused with SLURM's words."""
+    gsi, frankfurt = default_sites()
+    return [replace(gsi, submit_limit=20, sbatch_per_min=4), frankfurt]
+
+
 #: Site sets a scenario runs on.
-SITE_SETS = {"default": default_sites, "hetero": hetero_sites}
+SITE_SETS = {"default": default_sites, "hetero": hetero_sites, "limited": limited_sites}
 #: (trace, site set) pairs `make bench` runs.
 SCENARIOS: tuple[tuple[str, str], ...] = (
     ("steady", "default"), ("bursty", "default"), ("diurnal", "default"),
@@ -83,6 +94,8 @@ def default_config(sites: list[SiteModel], reserve: cf.ReserveConfig | None = No
 def make_policy(name: str, config: cf.Config) -> Policy:
     if name == "ours":
         return PlanPolicy(config)
+    if name == BLIND:
+        return PlanPolicy(config, name=BLIND, learn=False)
     if name == "prototype":
         return PrototypePolicy()
     if name == "cobald":

@@ -47,6 +47,8 @@ from provisioner.model import (
     Unretire,
     round_memory,
 )
+from provisioner.sites.base import BackendError
+from provisioner.sites.slurm_cli import classify_sbatch
 
 
 class World:
@@ -83,6 +85,9 @@ class World:
         self.timeline: list[Sample] = []
         self._next_pilot = 1
         self.queue_changed = False
+        self.sbatch_calls = 0
+        self.sbatch_refused = 0
+        self._sbatch_times: dict[str, list[float]] = {name: [] for name in self.sites}
 
     # -- event plumbing -------------------------------------------------------------------
     def _at(self, t: float, kind: str, payload: object = None) -> None:
@@ -163,11 +168,34 @@ class World:
         return None
 
     # -- actions ------------------------------------------------------------------------------
+    def sbatch(self, a: Submit) -> tuple[list[str], BackendError | None]:
+        """Submit `a.count` pilots as sbatch would, stopping at the first refusal, which
+        is SLURM's own words classified as the service's backend does."""
+        site, ids = self.sites[a.site], list[str]()
+        for _ in range(a.count):
+            self.sbatch_calls += 1
+            recent = [t for t in self._sbatch_times[a.site] if t > self.now - 60]
+            self._sbatch_times[a.site] = recent
+            held = sum(1 for p in self.pilots.values() if p.site is site)
+            text = ""
+            if site.sbatch_per_min is not None and len(recent) >= site.sbatch_per_min:
+                text = ("sbatch: error: Batch job submission failed: Rate limit exceeded, "
+                        "please retry momentarily")
+            elif site.submit_limit is not None and held >= site.submit_limit:
+                text = ("sbatch: error: QOSMaxSubmitJobPerUserLimit\nsbatch: error: Batch "
+                        "job submission failed: Job violates accounting/QOS policy (job "
+                        "submit limit, user's size and/or time limits)")
+            recent.append(self.now)
+            if text:
+                self.sbatch_refused += 1
+                return ids, classify_sbatch(a.site, text)
+            ids.append(str(self.submit(a.site, a.cpus, a.memory_mb, a.walltime_s).id))
+        return ids, None
+
     def apply(self, actions: Iterable[Action]) -> None:
         for a in actions:
             if isinstance(a, Submit):
-                for _ in range(a.count):
-                    self.submit(a.site, a.cpus, a.memory_mb, a.walltime_s)
+                self.sbatch(a)
             elif isinstance(a, (Cancel, Release)):
                 p = self.pilots.get(int(a.pilot.job_id))
                 if p is not None:

@@ -37,6 +37,27 @@ class Rejected(BackendError):
     """The site refused the request (bad partition, limit); retrying will not help."""
 
 
+class AtLimit(Rejected):
+    """The site refused because the account holds as many jobs as a limit allows (a
+    QOS or association submit limit): no sbatch there until one of its pilots leaves.
+    `reason` is SLURM's name of the limit (QOSMaxSubmitJobPerUserLimit, ...)."""
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class Misconfigured(Rejected):
+    """The site refused the pilot's configuration (account, partition, QOS, time limit):
+    every further sbatch would be refused too. `field` names the configuration field
+    (sites[].account, ...), `slurm_message` is SLURM's own words."""
+
+    def __init__(self, message: str, field: str = "", slurm_message: str = "") -> None:
+        super().__init__(message)
+        self.field = field
+        self.slurm_message = slurm_message
+
+
 class Gone(BackendError):
     """The job no longer exists at the site."""
 
@@ -71,6 +92,9 @@ class SiteJob:
     started_at: float | None
     ends_at: float | None
     gpus: int = 0  # GPUs asked for (pending) or allocated (running)
+    #: A pending job's reason when it is a job-count limit of the account
+    #: (QOSMaxJobsPerUserLimit, AssocMaxJobsLimit, ...): no capacity on its way; "" else.
+    limit_reason: str = ""
 
 
 class SiteBackend(Protocol):
@@ -85,7 +109,8 @@ class SiteBackend(Protocol):
     def submit(self, request: PilotRequest) -> str:
         """Submit one pilot; return the site's job id.
 
-        Raises Rejected if the site refused it, Transient/Unreachable otherwise.
+        Raises AtLimit if an account limit refused it, Misconfigured if the site refused
+        the configuration, Rejected for another refusal, Transient/Unreachable otherwise.
         Not idempotent: each call may create a job.
         """
         ...

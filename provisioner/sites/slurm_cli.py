@@ -22,7 +22,9 @@ from provisioner.pilot import endrecord
 from provisioner.pilot.endrecord import BadEndRecord, EndRecord
 from provisioner.sites.base import (
     MAX_END_RECORDS,
+    AtLimit,
     BackendError,
+    Misconfigured,
     PilotRequest,
     Rejected,
     SiteJob,
@@ -75,7 +77,33 @@ _UNREACHABLE = re.compile(r"unable to contact slurm controller|connection refuse
                           r"slurm_load_jobs error|cannot connect|zero bytes were transmitted",
                           re.IGNORECASE)
 _TRANSIENT = re.compile(r"socket timed out|try again|temporarily|resource temporarily|"
-                        r"slurmctld is busy|timed out", re.IGNORECASE)
+                        r"slurmctld is busy|timed out|rate limit exceeded", re.IGNORECASE)
+#: Submit limits (QOS or association MaxSubmitJobs/GrpSubmitJobs): sbatch is refused,
+#: the limit's name on the first line, then "Job violates accounting/QOS policy (job
+#: submit limit, ...)"; a job_submit plugin may print the name alone.
+SUBMIT_LIMIT_REASONS = ("QOSMaxSubmitJobPerUserLimit", "QOSMaxSubmitJobPerAccountLimit",
+                        "QOSGrpSubmitJobsLimit", "AssocMaxSubmitJobLimit",
+                        "AssocGrpSubmitJobsLimit")
+_SUBMIT_LIMIT = re.compile("|".join([*SUBMIT_LIMIT_REASONS,
+                                     r"job violates accounting/QOS policy \(job submit limit"]),
+                           re.IGNORECASE)
+#: Job-count limits (MaxJobs, GrpJobs): sbatch accepts, the job pends with this reason.
+JOB_LIMIT_REASONS = frozenset({"QOSMaxJobsPerUserLimit", "QOSMaxJobsPerAccountLimit",
+                               "QOSGrpJobsLimit", "AssocMaxJobsLimit", "AssocGrpJobsLimit",
+                               "AssociationJobLimit"})
+#: SLURM's words for a refused configuration -> the site's configuration field.
+CONFIG_ERRORS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"invalid account or account/partition combination", re.I),
+     "account (with partition)"),
+    (re.compile(r"invalid partition name", re.I), "partition"),
+    (re.compile(r"invalid qos specification|invalid qos", re.I), "qos"),
+    (re.compile(r"requested time limit is invalid", re.I), "pilot.walltime_s"),
+    (re.compile(r"requested node configuration is not available", re.I),
+     "pilot (cpus, memory_mb, gpus)"),
+    (re.compile(r"invalid generic resource \(gres\) specification|invalid gres", re.I),
+     "gpu_request/gpu_type"),
+)
+_REASON_WORD = re.compile(r"\b(" + "|".join(SUBMIT_LIMIT_REASONS) + r")\b", re.IGNORECASE)
 _UNKNOWN_JOB = re.compile(r"invalid job id|job has already finished|already completing",
                           re.IGNORECASE)
 _HEAD_HEADER = re.compile(r"^==> (.*) <==$")
@@ -140,6 +168,9 @@ def parse_squeue(doc: Mapping[str, Any], job_name: str) -> list[SiteJob]:
             state = SiteJobState.PENDING
         if state is None:
             continue
+        reason = str(job.get("state_reason") or "")
+        limited = reason if (state is SiteJobState.PENDING
+                             and reason in JOB_LIMIT_REASONS) else ""
         cpus = int(_number(job.get("cpus")) or 0)
         mem = _number(job.get("memory_per_node"))
         if mem is None:
@@ -156,6 +187,7 @@ def parse_squeue(doc: Mapping[str, Any], job_name: str) -> list[SiteJob]:
             started_at=started or None,
             ends_at=ends or None,
             gpus=_gpus(job),
+            limit_reason=limited,
         ))
     return jobs
 
@@ -187,6 +219,40 @@ def _classify(action: str, result: CommandResult) -> Exception:
     if _TRANSIENT.search(text):
         return Transient(message)
     return Rejected(message)
+
+
+def slurm_words(text: str) -> str:
+    """SLURM's own message out of sbatch's stderr: its "error:" lines, prefixes dropped
+    ("sbatch: error: Batch job submission failed: X" -> "X")."""
+    words = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        line = re.sub(r"^sbatch: (error: )?", "", line)
+        line = line.removeprefix("Batch job submission failed: ")
+        words.append(line)
+    return "; ".join(words)
+
+
+def classify_sbatch(site: str, text: str, returncode: int = 1) -> BackendError:
+    """A failed sbatch, from SLURM's own messages: AtLimit (an account's submit limit),
+    Misconfigured (account, partition, QOS, time limit, shape refused), Unreachable,
+    Transient (busy, timed out, rate limited) or, for anything else, Rejected."""
+    said = slurm_words(text) or f"exit {returncode}, no message"
+    if _SUBMIT_LIMIT.search(text):
+        named = _REASON_WORD.search(text)
+        reason = named.group(1) if named else "submit limit"
+        return AtLimit(f"sbatch at {site} refused: {said}", reason=reason)
+    for pattern, name in CONFIG_ERRORS:
+        if pattern.search(text):
+            return Misconfigured(f"sbatch at {site} refused its {name}: {said}",
+                                 field=name, slurm_message=said)
+    if _UNREACHABLE.search(text):
+        return Unreachable(f"sbatch at {site} failed: {said}")
+    if _TRANSIENT.search(text):
+        return Transient(f"sbatch at {site} failed: {said}")
+    return Rejected(f"sbatch at {site} refused: {said}")
 
 
 @dataclass
@@ -259,7 +325,8 @@ class SlurmCliBackend:
     def submit(self, request: PilotRequest) -> str:
         result = self.executor.run(self.sbatch_argv(request), self._env(), stdin=request.script)
         if result.returncode != 0:
-            raise _classify(f"sbatch at {self.name}", result)
+            raise classify_sbatch(self.name, result.stderr or result.stdout,
+                                  result.returncode)
         job_id = result.stdout.strip().split(";")[0]
         if not job_id.isdigit():
             raise Transient(f"sbatch at {self.name} printed no job id: {result.stdout!r}")

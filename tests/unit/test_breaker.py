@@ -167,3 +167,19 @@ def test_learnt_state_survives_a_restart() -> None:
     assert restarted.estimates.sites == ctl.estimates.sites
     assert restarted.breakers.state("gsi").open_until is not None
     restarted.load({"estimates": {"gsi": {"wait_s": "x"}}, "breakers": None})  # ignored
+
+
+def test_opening_is_one_line_however_many_failed_pilots_are_seen() -> None:
+    """Item 6 of issue 23: ten pilots that never joined, seen in one cycle and then one
+    by one while the breaker is open, give one OPEN line, and the pause is not
+    stretched by the stragglers."""
+    b = SiteBreakers(threshold=3, base_s=600, max_s=3600)
+    b.track([f"a/{i}" for i in range(10)])
+    burst = b.observe("a", [f"a/{i}" for i in range(6, 10)], [], 100)  # six gone at once
+    later = [line for t, i in ((200, 6), (300, 7), (400, 8))
+             for line in b.observe("a", [f"a/{j}" for j in range(i + 1, 10)], [], t)]
+    opened = [line for line in burst + later if "OPEN" in line]
+    assert len(opened) == 1 and "OPEN for 600 s" in opened[0]
+    assert b.state("a").open_until == 700 and b.state("a").failures == 9
+    assert "half-open" in b.observe("a", [], [], 700)[0]  # the tenth: one more failure
+    assert "OPEN for 1200 s" in fail_one(b, "a/11", 710)[0]  # the failed test: a transition

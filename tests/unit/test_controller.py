@@ -13,7 +13,7 @@ from provisioner.condor import PilotAd
 from provisioner.config import PolicyConfig
 from provisioner.controller import Controller
 from provisioner.journal import Journal
-from provisioner.model import Action, PilotState, Snapshot, Submit
+from provisioner.model import Action, PilotState, Snapshot
 from provisioner.service import Provisioner, describe
 from provisioner.sites.base import SiteJob, SiteJobState
 from tests.unit.fakes import Clock, FakeBackend, FakePool
@@ -31,12 +31,11 @@ class Recording(PlanPolicy):
         since = self.controller.arrivals_since(now)
         seen = world.snapshot(arrivals_since=since)
         queue = world.queue_size(since) if since is not None else None
-        actions = super().tick(world, now)
-        # the job ids the world gives this tick's submissions (one sequence over sites)
         first = len(world.all_pilots) + 1
-        count = sum(a.count for a in actions if isinstance(a, Submit))
-        self.steps.append((now, seen, queue, actions,
-                           [str(i) for i in range(first, first + count)]))
+        actions = super().tick(world, now)  # sends this tick's submissions itself
+        # the job ids the world gave them (one sequence over sites)
+        self.steps.append((now, seen, queue, list(self.planned),
+                           [str(i) for i in range(first, len(world.all_pilots) + 1)]))
         return actions
 
 

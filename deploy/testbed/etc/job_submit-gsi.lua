@@ -1,0 +1,45 @@
+--[[ The GSI testbed site's job_submit plugin (installed as /etc/slurm-gsi/job_submit.lua,
+slurm.conf JobSubmitPlugins=lua): an account's submit limit, refused as SLURM words one,
+without slurmdbd. Opt-in: only while /etc/slurm-gsi/job-limit holds a number N (the
+integration test tests/integration/test_limits.py writes and removes it) is a job refused
+whose user already holds N jobs (pending or running). Without the file nothing changes. ]]
+
+local LIMIT_FILE = "/etc/slurm-gsi/job-limit"
+-- ESLURM_ACCOUNTING_POLICY: "Job violates accounting/QOS policy (job submit limit, ...)"
+local POLICY = slurm.ESLURM_ACCOUNTING_POLICY or 2050
+
+local function limit()
+    local f = io.open(LIMIT_FILE, "r")
+    if f == nil then return nil end
+    local n = tonumber(f:read("*l") or "")
+    f:close()
+    return n
+end
+
+local function held(user_id)
+    local n = 0
+    for _, job in pairs(slurm.jobs or {}) do
+        -- base state (low byte): 0 pending, 1 running, 2 suspended
+        if job.user_id == user_id and (job.job_state % 256) < 3 then n = n + 1 end
+    end
+    return n
+end
+
+function slurm_job_submit(job_desc, part_list, submit_uid)
+    local ok, n = pcall(limit)
+    if not ok or n == nil then return slurm.SUCCESS end
+    local ok2, jobs = pcall(held, job_desc.user_id)
+    if ok2 and jobs >= n then
+        slurm.log_info("job_submit.lua: refused a job of uid %u: %d jobs held, limit %d",
+                       job_desc.user_id, jobs, n)
+        slurm.log_user("QOSMaxSubmitJobPerUserLimit")
+        return POLICY
+    end
+    return slurm.SUCCESS
+end
+
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+    return slurm.SUCCESS
+end
+
+return slurm.SUCCESS
