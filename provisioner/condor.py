@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -18,7 +19,8 @@ from typing import Any
 
 from provisioner.accounting import JobRun
 from provisioner.config import PoolConfig
-from provisioner.model import Demand, JobShape
+from provisioner.failed_starts import START_ATTRS, StartFailure, cooling, fold, start_failure
+from provisioner.model import Demand, FailingStarts, JobShape
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +30,8 @@ log = logging.getLogger(__name__)
 MATCH_JOB_ATTRS = ("FileSystemDomain", "UidDomain", "WantContainer", "ContainerImage",
                    "WantDocker", "DockerImage", "SingularityImage", "JobUniverse")
 JOB_ATTRS = ["JobStatus", "RemoteHost", "QDate", "RequestCpus", "RequestMemory", "RequestDisk",
-             "RequestGPUs", "MaxRuntime", "DesiredSites", "Requirements", *MATCH_JOB_ATTRS]
+             "RequestGPUs", "MaxRuntime", "DesiredSites", "Requirements", *MATCH_JOB_ATTRS,
+             *START_ATTRS]
 SLOT_ATTRS = ["Name", "Machine", "PilotSite", "PilotSlurmJobId",
               "PilotWalltimeEnd", "PartitionableSlot", "DynamicSlot", "State", "Activity",
               "Cpus", "Memory", "GPUs", "TotalSlotCpus", "TotalSlotMemory", "TotalSlotGPUs",
@@ -190,6 +193,8 @@ class QueueView:
     total: int = 0  #: jobs in the queue (idle, running, transferring, suspended)
     older: int = 0  #: of those, submitted before the arrival window (QDate < since)
     newest: float | None = None  #: the latest QDate in the queue (None: empty)
+    #: Idle jobs whose last start failed (`provisioner.failed_starts`), by shape.
+    failing: tuple[FailingStarts, ...] = ()
 
 
 def startd_of(remote_host: str) -> str:
@@ -198,10 +203,22 @@ def startd_of(remote_host: str) -> str:
         "@" in remote_host else remote_host
 
 
-def queue_view(ads: Iterable[Any], since: float | None = None) -> QueueView:
+def failure_of(ad: Any) -> StartFailure | None:
+    """An idle job's failed start, from its ad (`provisioner.failed_starts`)."""
+    return start_failure(
+        _int(ad, "VacateReasonCode"), _str(ad, "VacateReason"), _int(ad, "JobCurrentStartDate"),
+        _int(ad, "JobCurrentStartExecutingDate"), _int(ad, "NumJobCoolDowns"),
+        _int(ad, "NumShadowStarts"), _int(ad, "NumJobStarts"), _int(ad, "JobCoolDownExpiration"))
+
+
+def queue_view(ads: Iterable[Any], since: float | None = None, now: float | None = None
+               ) -> QueueView:
     """Fold job ads (idle and running) into demand, busy startds and, when `since`
-    is given, the jobs submitted since then (the recent arrivals)."""
+    is given, the jobs submitted since then (the recent arrivals). Idle jobs whose last
+    start failed go into `failing`; with `now`, those in their cool-down at `now` are
+    not demand."""
     counts: Counter[JobShape] = Counter()
+    failed: list[tuple[JobShape, StartFailure]] = []
     arrivals: Counter[JobShape] = Counter()
     running: set[str] = set()
     total = older = 0
@@ -214,7 +231,11 @@ def queue_view(ads: Iterable[Any], since: float | None = None) -> QueueView:
         status = _int(ad, "JobStatus")
         shape = shape_of(ad) if status == 1 or since is not None else None
         if status == 1 and shape is not None:
-            counts[shape] += 1
+            failure = failure_of(ad)
+            if failure is not None:
+                failed.append((shape, failure))
+            if not cooling(failure, now):
+                counts[shape] += 1
         elif status in HOLDS_CLAIM and _str(ad, "RemoteHost"):
             running.add(startd_of(_str(ad, "RemoteHost")))
         if since is not None and shape is not None:
@@ -223,7 +244,8 @@ def queue_view(ads: Iterable[Any], since: float | None = None) -> QueueView:
             else:
                 older += 1
     return QueueView(tuple(Demand(s, n) for s, n in counts.items()), frozenset(running),
-                     tuple(Demand(s, n) for s, n in arrivals.items()), total, older, newest)
+                     tuple(Demand(s, n) for s, n in arrivals.items()), total, older, newest,
+                     fold(failed, now))
 
 
 def pilot_ads_of(slot_ads: Iterable[Any]) -> dict[str, PilotAd]:
@@ -314,7 +336,7 @@ class Pool:
             ads = self._schedd().query(constraint=QUEUE_CONSTRAINT, projection=JOB_ATTRS)
         except Exception as exc:  # the bindings raise HTCondorException and friends
             raise PoolUnreachable(f"schedd query failed: {exc}") from exc
-        return queue_view(ads, arrivals_since)
+        return queue_view(ads, arrivals_since, time.time())
 
     def idle_count(self) -> int:
         """The cheap probe: number of idle jobs from the schedd's summary ad."""

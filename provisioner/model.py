@@ -108,6 +108,20 @@ class SiteEstimate:
 
 
 @dataclass(frozen=True)
+class FailingStarts:
+    """Idle jobs of one shape whose last start failed before they ran (the starter's own
+    error, `provisioner.failed_starts`): `jobs` of them, the most failed starts among
+    them, one's error (VacateReason), and how many of them are in the schedd's cool-down
+    (not started again before the pool's policy holds them)."""
+
+    shape: JobShape
+    jobs: int
+    failed_starts: int
+    reason: str
+    cooling: int = 0
+
+
+@dataclass(frozen=True)
 class Snapshot:
     demand: tuple[Demand, ...]
     pilots: tuple[Pilot, ...]
@@ -157,6 +171,9 @@ class Snapshot:
     drained_cycles: dict[str, int] = field(default_factory=dict)
     #: busy pilots told to leave when their jobs end (`Retire`), not withdrawn since.
     retiring: frozenset[str] = frozenset()
+    #: idle jobs whose last start failed, by shape (their real cause, for the reports;
+    #: those not cooling down are in `demand` too: a pilot serves their next try).
+    failing: tuple[FailingStarts, ...] = ()
 
 
 # Actions: returned as data, applied by the service.

@@ -28,6 +28,7 @@ from provisioner.metrics import Metrics, MetricsError, circuit_codes, limit_code
 from provisioner.model import (
     Cancel,
     Demand,
+    FailingStarts,
     Flag,
     PilotState,
     Plan,
@@ -146,6 +147,7 @@ class Provisioner:
         ads: dict[str, PilotAd] = {}
         running_on: frozenset[str] = frozenset()
         arrivals: tuple[Demand, ...] = ()
+        failing: tuple[FailingStarts, ...] = ()
         size: QueueSize | None = None
         newest: float | None = None
         since = self.controller.arrivals_since(now)
@@ -153,6 +155,7 @@ class Provisioner:
             queue = self.pool.queue(since)
             demand, running_on = self.matcher.annotate(queue.demand), queue.running_on
             arrivals = self.matcher.annotate(queue.recent_arrivals)
+            failing = queue.failing
             ads = self.pool.pilot_ads()
         except PoolUnreachable as exc:
             log.error("pool unknown this cycle (no scale-down, no submissions): %s", exc)
@@ -196,7 +199,7 @@ class Provisioner:
                                        self._margin(site.name)))
         snapshot = Snapshot(
             demand=demand, pilots=tuple(pilots), sites=tuple(views), pool_known=pool_known,
-            recent_arrivals=arrivals, last_arrival_at=newest)
+            recent_arrivals=arrivals, last_arrival_at=newest, failing=failing)
         if pool_known:
             for line in self.disagreements.report(snapshot.pilots, ads, jobs, now, self._margin,
                                                   running_on):

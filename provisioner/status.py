@@ -10,6 +10,8 @@ lead_time_p50_s {queue_wait, boot}, learnt {queue_wait_s, boot_s, samples} (the
 estimate placement uses, kept in the journal; the configured defaults while samples is
 0), flagged}], ``demand`` [{cores, memory_mb,
 runtime_s, idle, sites}], ``unmatchable`` [{cores, memory_mb, idle, reason}],
+``failing_starts`` [{cores, memory_mb, jobs, failed_starts, cooling, reason}] (idle jobs
+whose last start failed: the starter's error, `provisioner.failed_starts`),
 ``flagged`` [pilot keys], ``last_cycle`` {at, age_s, summary, duration_s, actions} or null.
 """
 
@@ -20,6 +22,7 @@ from typing import Any
 
 from provisioner.accounting import PilotRecord, percentile
 from provisioner.config import Config
+from provisioner.failed_starts import cause
 from provisioner.matching import match_demand
 from provisioner.metrics import cores_by_site
 from provisioner.model import Pilot, PilotState, Snapshot
@@ -95,6 +98,10 @@ def gather(config: Config, snap: Snapshot, now: float, breakers: Mapping[str, st
         "sites": sites, "demand": demand,
         "unmatchable": [{"cores": u.shape.cpus, "memory_mb": u.shape.memory_mb,
                          "idle": u.idle, "reason": u.reason} for u in unmatchable],
+        "failing_starts": [{"cores": g.shape.cpus, "memory_mb": g.shape.memory_mb,
+                            "jobs": g.jobs, "failed_starts": g.failed_starts,
+                            "cooling": g.cooling, "reason": cause(g.reason)}
+                           for g in snap.failing] if snap.pool_known else [],
         "flagged": sorted(flagged), "last_cycle": last_cycle}
 
 
@@ -147,6 +154,13 @@ def render(st: Mapping[str, Any], tty: bool = False) -> str:
         out.append(bold("\nUnmatchable (no pilot would run them; no pilot is started for them):"))
         out += [red(f"  {u['idle']} job(s) {u['cores']} cores/{u['memory_mb']} MB: "
                     f"{u['reason']}") for u in st["unmatchable"]]
+    if st.get("failing_starts"):
+        out.append(bold("\nFailed to start (held by the pool after the third failed start, "
+                        "then no pilot serves them):"))
+        out += [red(f"  {f['jobs']} job(s) {f['cores']} cores/{f['memory_mb']} MB, up to "
+                    f"{f['failed_starts']} failed start(s)"
+                    + (f", {f['cooling']} waiting for the hold" if f["cooling"] else "")
+                    + f": {f['reason']}") for f in st["failing_starts"]]
     last = st["last_cycle"]
     if last:
         out.append(bold(f"\nLast cycle {_dur(last['age_s'])} ago, took "

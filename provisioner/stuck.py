@@ -11,6 +11,11 @@ pilot's no-claim shutdown ends it a new one is started, for ever. The retry keep
 from being stranded by a cause that goes away (a negotiator down for longer than
 stuck_after_s, a node attribute an admin fixes): at worst one pilot per retry period is
 spent on a shape that is still stuck.
+
+Jobs whose last start failed (`Snapshot.failing`, `provisioner.failed_starts`) are not
+idle for this: they were matched, and their cause is known. Their shape is reported
+once, with the starter's error, while it has such jobs (again only after none was seen
+for `retry_s`); a matched-again, failed-again job changes nothing in the report.
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from provisioner.config import Config, SiteConfig
+from provisioner.failed_starts import describe_failing
 from provisioner.matching import item_of, matched_sites
-from provisioner.model import Demand, JobShape, Pilot, PilotState, Snapshot
+from provisioner.model import Demand, FailingStarts, JobShape, Pilot, PilotState, Snapshot
 
 STUCK = "stuck: matches no pilot in practice"
 
@@ -52,19 +58,25 @@ class StuckGroups:
     retry_s: float = 3600.0
     waiting: dict[JobShape, Waiting] = field(default_factory=dict)
     stuck: dict[JobShape, Stuck] = field(default_factory=dict)
+    #: shapes reported with failed starts -> when such jobs were last seen
+    failing: dict[JobShape, float] = field(default_factory=dict)
 
     def observe(self, snapshot: Snapshot, config: Config, now: float) -> list[str]:
         """Follow this cycle's idle shapes and unclaimed pilots; returns what changed, in
-        words (newly stuck, no longer stuck, retried)."""
+        words (newly stuck, no longer stuck, retried, failing at start)."""
         if not snapshot.pool_known:
             return []
+        out = self.observe_failing(snapshot.failing, now)
+        # jobs that failed to start are in `demand` unless cooling down: not counted
         idle: dict[JobShape, int] = {}
+        for g in snapshot.failing:
+            idle[g.shape] = idle.get(g.shape, 0) - (g.jobs - g.cooling)
         first: dict[JobShape, Demand] = {}
         for d in snapshot.demand:
             if d.idle > 0:
                 idle[d.shape] = idle.get(d.shape, 0) + d.idle
                 first.setdefault(d.shape, d)
-        out = []
+        idle = {shape: n for shape, n in idle.items() if n > 0 and shape in first}
         for shape, st in list(self.stuck.items()):
             if idle.get(shape, 0) < st.idle:
                 del self.stuck[shape]
@@ -105,6 +117,21 @@ class StuckGroups:
                     out.append(f"{n} idle jobs {why}: {describe(shape)}; not provisioned "
                                "for until their shape changes, one of them starts or "
                                f"{self.retry_s:.0f} s have passed")
+        return out
+
+    def observe_failing(self, failing: Sequence[FailingStarts], now: float) -> list[str]:
+        """Report each shape with jobs that failed to start once (again only after none
+        was seen for `retry_s`), with the starter's error."""
+        out = []
+        for g in failing:
+            if g.shape not in self.failing:
+                out.append(f"{describe_failing(g)}: {describe(g.shape)}; not stuck: the "
+                           "pool holds a job after its third failed start, its pilots are "
+                           "released then")
+            self.failing[g.shape] = now
+        for shape, seen in list(self.failing.items()):
+            if now - seen >= self.retry_s:
+                del self.failing[shape]
         return out
 
     def to_list(self) -> list[dict[str, Any]]:

@@ -1,0 +1,129 @@
+"""Jobs that fail at start are held, with the reason, and then keep no pilot.
+
+Run with the provisioner as a service. Three causes, each a job of alice's:
+- a truncated SIF (container_image, sent by HTCondor file transfer): the starter's
+  container test fails and HTCondor sends the job back to idle (VacateReasonCode 1007);
+  the pool's policy (condor_config/central-manager.conf) holds it after its third failed
+  start, naming the image and Apptainer's error;
+- an input file removed after submit (condor_submit refuses a missing one): the shadow
+  cannot send it, HTCondor holds the job itself (HoldReasonCode 13) naming the file;
+- an executable that is not on the worker (transfer_executable = false): the starter
+  cannot execute it, HTCondor holds the job itself (HoldReasonCode 6) naming the path.
+Each is held within 5 minutes after at most 3 starts; the service reports it once with
+its cause, never as stuck; no pilot is left in SLURM afterwards.
+
+To see the pool's safeguard matter: comment out the SYSTEM_PERIODIC_HOLD_NAMES line of
+the ProvisionerFailedStarts block in /etc/condor/config.d/20-central-manager.conf,
+condor_reconfig, and rerun test_a_truncated_image: it is never held (times out) and
+NumShadowStarts grows past 3.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import htcondor2 as htcondor
+import pytest
+from conftest import run
+from servicectl import Service, service_dir, write_config
+from test_loop import ALICE, all_pilot_jobs, clean_pool, submit_script, wait_for
+
+PAYLOAD = Path("/opt/images/payload.sif")
+GSI_ONLY = '+DesiredSites = "gsi"\nrequirements = PilotSite == "gsi"\n'
+HELD_WITHIN_S = 300
+#: idle pilots are flagged, released a cycle later, and leave SLURM once drained
+RELEASED_WITHIN_S = 180
+
+
+@pytest.fixture
+def svc() -> Iterator[Service]:
+    clean_pool()
+    directory = service_dir()
+    service = Service(write_config(directory), directory / "service.log")
+    service.start()
+    yield service
+    service.stop()
+    print(f"--- service log ({service.log}) ---\n{service.text()}")
+    clean_pool()
+
+
+def job_ad(cluster: str) -> dict[str, object]:
+    ads = htcondor.Schedd().query(
+        constraint=f"ClusterId == {cluster}",
+        projection=["JobStatus", "HoldReason", "HoldReasonCode", "HoldReasonSubCode",
+                    "NumShadowStarts", "NumJobStarts", "NumJobCoolDowns"])
+    return dict(ads[0]) if ads else {}
+
+
+def wait_held(logfile: Path, timeout: float) -> None:
+    """Until the job's event log has a hold event (012) other than its hold at submit
+    (HoldReasonCode 15, SubmittedOnHold)."""
+    deadline = time.time() + timeout
+    events = htcondor.JobEventLog(str(logfile))
+    while time.time() < deadline:
+        for event in events.events(stop_after=min(5, max(1, int(deadline - time.time())))):
+            if event.type == htcondor.JobEventType.JOB_HELD and \
+                    event.get("HoldReasonCode") != 15:
+                return
+    raise AssertionError(f"not held within {timeout:.0f} s: {logfile.read_text()}")
+
+
+def assert_held_then_released(svc: Service, cluster: str, name: str, max_starts: int
+                              ) -> dict[str, object]:
+    wait_held(ALICE / "out" / name / "job.log", HELD_WITHIN_S)
+    ad = job_ad(cluster)
+    assert ad["JobStatus"] == 5, ad
+    assert 1 <= int(ad.get("NumShadowStarts", 0)) <= max_starts, ad  # type: ignore[call-overload]
+    # condor_q -hold shows the user the same reason
+    shown = run(["condor_q", "-hold", cluster, "-af", "HoldReason"], user="alice").stdout
+    assert shown.strip() == str(ad["HoldReason"]), (shown, ad)
+    wait_for("no pilot left in SLURM", lambda: not any(all_pilot_jobs().values()),
+             RELEASED_WITHIN_S, step=3)
+    log = svc.text()
+    assert "Traceback" not in log
+    assert "stuck: matches no pilot" not in log and "no longer stuck" not in log, log
+    return ad
+
+
+def test_a_truncated_image_is_held_after_three_failed_starts_naming_it(svc: Service
+                                                                       ) -> None:
+    broken = ALICE / "broken.sif"
+    data = PAYLOAD.read_bytes()
+    broken.write_bytes(data[: len(data) // 2])
+    os.chown(broken, ALICE.stat().st_uid, ALICE.stat().st_gid)
+    cluster = submit_script("broken-image", "echo never\n", extra=GSI_ONLY
+                            + "transfer_executable = true\ncontainer_image = broken.sif\n")
+    ad = assert_held_then_released(svc, cluster, "broken-image", max_starts=3)
+    reason = str(ad["HoldReason"])
+    assert reason.startswith(f"container image {broken} could not be used: "), ad
+    assert "3 failed starts" in reason, ad
+    assert ad["HoldReasonCode"] == 26 and ad["HoldReasonSubCode"] == 1007, ad
+    assert ad.get("NumJobCoolDowns") == 3 and not ad.get("NumJobStarts"), ad
+    lines = [ln for ln in svc.text().splitlines() if "failed to start" in ln]
+    assert len(lines) == 1 and "Singularity test failed" in lines[0], lines
+
+
+def test_an_input_file_removed_after_submit_is_held_naming_it(svc: Service) -> None:
+    missing = ALICE / "gone-input.dat"
+    missing.write_text("data\n")
+    cluster = submit_script("gone-input", "cat gone-input.dat\n", extra=GSI_ONLY
+                            + f"transfer_input_files = {missing}\nhold = true\n")
+    missing.unlink()
+    run(["condor_release", cluster], user="alice")
+    ad = assert_held_then_released(svc, cluster, "gone-input", max_starts=1)
+    assert str(missing) in str(ad["HoldReason"]), ad
+    assert ad["HoldReasonCode"] == 13, ad  # TransferInputError: HTCondor's own hold
+
+
+def test_an_executable_not_on_the_worker_is_held_naming_it(svc: Service) -> None:
+    cluster = submit_script("gone-exe", "echo never\n", extra=GSI_ONLY
+                            + "transfer_executable = false\nhold = true\n")
+    # the submit file names ~alice/gone-exe.sh, not sent: absent on the worker once gone
+    (ALICE / "gone-exe.sh").unlink()
+    run(["condor_release", cluster], user="alice")
+    ad = assert_held_then_released(svc, cluster, "gone-exe", max_starts=1)
+    assert str(ALICE / "gone-exe.sh") in str(ad["HoldReason"]), ad
+    assert ad["HoldReasonCode"] == 6, ad  # FailedToCreateProcess: HTCondor's own hold

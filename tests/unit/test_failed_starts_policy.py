@@ -1,0 +1,321 @@
+"""The pool's policy for jobs that fail at start (condor_config/central-manager.conf and
+submit.conf), read by HTCondor's own configuration parser and evaluated with the ClassAd
+bindings against job ads that go through what HTCondor 23.9's shadow and schedd do with
+them (src/condor_schedd.V6/schedd.cpp add_shadow_birthdate and Scheduler::jobExitCode,
+src/condor_shadow.V6.1/pseudo_ops.cpp pseudo_ulog, baseshadow.cpp evictJob):
+
+- a shadow starts: NumShadowStarts + 1, JobCurrentStartDate = now, VacateReason* deleted;
+- the job begins to run: NumJobStarts + 1, JobCurrentStartExecutingDate = now;
+- the starter fails (critical error): VacateReason "Error from <slot>: <error>",
+  VacateReasonCode = the starter's hold code, or 1007 (StarterError) if it gave none
+  (the container test); the schedd evaluates SYSTEM_ON_VACATE_COOL_DOWN (a positive
+  value: NumJobCoolDowns + 1, JobCoolDownExpiration = now + value, the job idles);
+  otherwise a code below 1000 holds the job with VacateReason as HoldReason;
+- SYSTEM_PERIODIC_HOLD_<Name> is evaluated on idle jobs every PERIODIC_EXPR_INTERVAL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+classad = pytest.importorskip("classad2")
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "condor_config"
+NAME = "SYSTEM_PERIODIC_HOLD_ProvisionerFailedStarts"
+KNOBS = ["SYSTEM_PERIODIC_HOLD_NAMES", NAME, f"{NAME}_REASON", f"{NAME}_SUBCODE",
+         "SYSTEM_ON_VACATE_COOL_DOWN", "SYSTEM_PERIODIC_HOLD", "SYSTEM_PERIODIC_HOLD_REASON"]
+READ_KNOBS = ("import htcondor2, json, sys\n"
+              "print(json.dumps({k: htcondor2.param.get(k) for k in sys.argv[1:]}))\n")
+
+BROKEN = "/home/alice/broken.sif"
+APPTAINER = ("FATAL:   while extracting /home/alice/broken.sif: root filesystem extraction "
+             "failed: extract command failed: exit status 1")
+TEST_FAILED = f"Error from slot1_1@pilot-gsi-8@node1: Singularity test failed:{APPTAINER}"
+NO_INPUT = ("Transfer input files failure at access point cm while sending files to "
+            "execution point slot1_1@pilot-gsi-8@node1. Details: reading from file "
+            "/home/alice/in.dat: (errno 2) No such file or directory")
+NO_EXE = ("Error from slot1_1@pilot-gsi-8@node1: Failed to execute '/home/alice/gone.sh': "
+          "(errno=2: 'No such file or directory')")
+OOM = "Error from slot1_1@pilot-gsi-8@node1: Worker node is out of memory"
+#: What the shadow sets when a pilot ends, is released or is lost (never a failed start).
+NORMAL_EVICTIONS = {1000: "PERIODIC_VACATE", 1001: "system policy vacate",
+                    1002: "shadow exception", 1003: "Problem preparing job to run",
+                    1004: "condor_vacate_job", 1005: "Unspecified job interruption",
+                    1006: "failed to activate claim", 1008: "reconnect failed"}
+
+
+def read_knobs(conf: Path, tmp: Path, extra: str = "") -> dict[str, str]:
+    """The knobs as HTCondor's parser expands them from `conf` (a site's own earlier
+    settings in `extra`)."""
+    top = tmp / "condor_config"
+    top.write_text(f"CONDOR_HOST = cm\nUID_DOMAIN = t\nLOCAL_DIR = {tmp}\n{extra}\n"
+                   f"include : {conf}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("_CONDOR_")}
+    env["CONDOR_CONFIG"] = str(top)
+    out = subprocess.run([sys.executable, "-c", READ_KNOBS, *KNOBS], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    return {k: v for k, v in json.loads(out).items() if v is not None}
+
+
+@pytest.fixture(scope="module", params=["central-manager.conf", "submit.conf"])
+def knobs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+          ) -> dict[str, str]:
+    return read_knobs(CONF_DIR / request.param, tmp_path_factory.mktemp("cfg"))
+
+
+def value(ad: Any, text: str) -> Any:
+    ad["_Probe"] = classad.ExprTree(text)
+    try:
+        return ad.eval("_Probe")
+    finally:
+        del ad["_Probe"]
+
+
+@dataclass
+class Job:
+    """One job ad driven through start attempts as the shadow and the schedd do it."""
+
+    knobs: dict[str, str]
+    image: str | None = BROKEN
+    ad: Any = field(init=False)
+    now: int = 1_700_000_000
+    starts: int = 0
+
+    def __post_init__(self) -> None:
+        self.ad = classad.ClassAd({"JobStatus": 1, "Iwd": "/home/alice/job", "QDate": self.now})
+        if self.image is not None:
+            self.ad["ContainerImage"] = self.image
+
+    @property
+    def status(self) -> int:
+        return int(self.ad["JobStatus"])
+
+    def runnable(self) -> bool:
+        return self.status == 1 and self.ad.get("JobCoolDownExpiration", 0) < self.now
+
+    def attempt(self, code: int, reason: str, ran: bool = False) -> None:
+        """One start: the shadow is born, the job runs or not, the try ends with `code`."""
+        assert self.runnable(), "the schedd would not start this job now"
+        self.now += 10
+        self.starts += 1
+        self.ad["JobStatus"] = 2
+        self.ad["NumShadowStarts"] = self.ad.get("NumShadowStarts", 0) + 1
+        self.ad["JobCurrentStartDate"] = self.now
+        for attr in ("VacateReason", "VacateReasonCode", "VacateReasonSubCode"):
+            if attr in self.ad:
+                del self.ad[attr]
+        if ran:
+            self.now += 5
+            self.ad["NumJobStarts"] = self.ad.get("NumJobStarts", 0) + 1
+            self.ad["JobCurrentStartExecutingDate"] = self.now
+        self.now += 2
+        self.ad.update({"VacateReason": reason, "VacateReasonCode": code,
+                        "VacateReasonSubCode": 0, "LastVacateTime": self.now})
+        cool = value(self.ad, self.knobs["SYSTEM_ON_VACATE_COOL_DOWN"])
+        if isinstance(cool, int) and not isinstance(cool, bool) and cool > 0:
+            self.ad["NumJobCoolDowns"] = self.ad.get("NumJobCoolDowns", 0) + 1
+            self.ad["JobCoolDownExpiration"] = self.now + cool
+            self.ad["JobStatus"] = 1
+        elif 0 < code < 1000:
+            self.ad.update({"JobStatus": 5, "HoldReason": reason, "HoldReasonCode": code})
+        else:
+            self.ad["JobStatus"] = 1
+
+    def periodic(self) -> bool:
+        """The schedd's periodic policy walk (after PERIODIC_EXPR_INTERVAL); True if it
+        held the job."""
+        self.now += 60
+        if self.status != 1 or value(self.ad, self.knobs[NAME]) is not True:
+            return False
+        by = self.ad.get("NumHoldsByReason") or classad.ClassAd()
+        by["SystemPolicy"] = by.get("SystemPolicy", 0) + 1
+        self.ad.update({"JobStatus": 5, "HoldReasonCode": 26, "NumHoldsByReason": by,
+                        "HoldReason": value(self.ad, self.knobs[f"{NAME}_REASON"]),
+                        "HoldReasonSubCode": value(self.ad, self.knobs[f"{NAME}_SUBCODE"])})
+        return True
+
+    def release(self) -> None:
+        assert self.status == 5
+        self.ad["JobStatus"] = 1
+        self.now += 30
+
+    def fail_container_test(self) -> bool:
+        """A start whose container test fails; then the periodic walk (True: held)."""
+        self.attempt(1007, TEST_FAILED)
+        return self.periodic()
+
+    def fail_times(self, n: int) -> list[bool]:
+        """`n` failed container tests, each once the short cool-down is over: held?"""
+        held = []
+        for _ in range(n):
+            held.append(self.fail_container_test())
+            self.now += 11
+        return held
+
+
+def test_the_policy_is_named_and_composes_with_the_registry_hold(knobs: dict[str, str]
+                                                                 ) -> None:
+    assert knobs["SYSTEM_PERIODIC_HOLD_NAMES"].split() == ["ProvisionerFailedStarts"]
+    assert "regexp" in knobs["SYSTEM_PERIODIC_HOLD"]  # the registry hold is still there
+    assert "container registry" in knobs["SYSTEM_PERIODIC_HOLD_REASON"]
+
+
+def test_a_container_test_failure_is_held_at_the_third_start_naming_image_and_error(
+        knobs: dict[str, str]) -> None:
+    job = Job(knobs)
+    job.attempt(1007, TEST_FAILED)
+    assert not job.runnable() and job.ad["JobCoolDownExpiration"] == job.now + 10
+    assert not job.periodic() and job.runnable() and job.ad["NumJobCoolDowns"] == 1
+    assert not job.fail_container_test()
+    assert job.fail_container_test(), "held at the third failed start"
+    assert job.starts == 3 and job.status == 5
+    reason = job.ad["HoldReason"]
+    assert reason.startswith(f"container image {BROKEN} could not be used: while extracting "
+                             f"{BROKEN}: root filesystem extraction failed"), reason
+    assert "3 failed starts, the last on slot1_1@pilot-gsi-8@node1" in reason, reason
+    assert job.ad["HoldReasonCode"] == 26 and job.ad["HoldReasonSubCode"] == 1007
+
+
+def test_after_the_last_allowed_failure_the_job_is_not_started_before_the_hold(
+        knobs: dict[str, str]) -> None:
+    """The periodic walk comes up to PERIODIC_EXPR_INTERVAL (60 s) after the third
+    failure; the negotiator matches every 10-20 s: the cool-down keeps it idle."""
+    job = Job(knobs)
+    for _ in range(2):
+        job.attempt(1007, TEST_FAILED)
+        job.now += 11
+    job.attempt(1007, TEST_FAILED)
+    assert job.ad["JobCoolDownExpiration"] - job.now >= 2 * 60
+    job.now += 60
+    assert not job.runnable()
+
+
+def test_a_relative_image_is_named_with_the_submit_directory_and_the_legacy_attribute(
+        knobs: dict[str, str]) -> None:
+    job = Job(knobs, image="broken.sif")
+    assert job.fail_times(3) == [False, False, True]
+    assert job.ad["HoldReason"].startswith("container image /home/alice/job/broken.sif ")
+    legacy = Job(knobs, image=None)
+    legacy.ad["SingularityImage"] = BROKEN
+    assert legacy.fail_times(3) == [False, False, True]
+    assert legacy.ad["HoldReason"].startswith(f"container image {BROKEN} could not be used")
+
+
+@pytest.mark.parametrize("code,reason", [(13, NO_INPUT), (6, NO_EXE)])
+def test_a_missing_input_file_or_executable_stays_htcondors_own_hold_at_the_first_start(
+        knobs: dict[str, str], code: int, reason: str) -> None:
+    """HTCondor holds these itself (a hold code below 1000 from the starter). A cool-down
+    would stop that hold (the schedd holds only when none is set): none is set."""
+    job = Job(knobs, image=None)
+    job.attempt(code, reason)
+    assert job.status == 5 and job.ad["HoldReason"] == reason
+    assert job.ad["HoldReasonCode"] == code and "NumJobCoolDowns" not in job.ad
+    assert not job.periodic()  # held jobs are not evaluated; nothing rewrites the reason
+
+
+@pytest.mark.parametrize("ran", [False, True])
+def test_normal_evictions_are_never_counted(knobs: dict[str, str], ran: bool) -> None:
+    """Pilot walltime, release, lost node, claim activation failed: before or after the
+    job ran, as often as it happens; then a container failure still gets three tries."""
+    job = Job(knobs)
+    for _ in range(3):
+        for code, reason in NORMAL_EVICTIONS.items():
+            job.attempt(code, reason, ran=ran)
+            assert not job.periodic() and job.runnable(), (code, ran)
+    assert "NumJobCoolDowns" not in job.ad
+    assert job.fail_times(3) == [False, False, True]
+
+
+def test_a_starter_error_after_the_job_ran_is_not_a_failed_start(knobs: dict[str, str]
+                                                                 ) -> None:
+    """1007 also ends a job that ran (the node out of memory): it is not counted, however
+    often; the executing date, not the code, tells the two apart."""
+    job = Job(knobs, image=None)
+    for _ in range(5):
+        job.attempt(1007, OOM, ran=True)
+        assert not job.periodic() and job.runnable()
+    assert "NumJobCoolDowns" not in job.ad
+    # the safeguard matters: without the executing-date clause, the job would be held
+    clause = "(JobCurrentStartExecutingDate ?: 0) < (JobCurrentStartDate ?: 0)"
+    assert clause in knobs[NAME]
+    off = {**knobs, **{k: knobs[k].replace(clause, "true") for k in
+                       (NAME, "SYSTEM_ON_VACATE_COOL_DOWN")}}
+    careless = Job(off, image=None)
+    held = []
+    for _ in range(3):
+        careless.attempt(1007, OOM, ran=True)
+        careless.now += 10
+        held.append(careless.periodic())
+    assert held == [False, False, True]
+
+
+def test_a_released_job_gets_three_tries_again_and_runs_once_fixed(knobs: dict[str, str]
+                                                                   ) -> None:
+    job = Job(knobs)
+    assert job.fail_times(3) == [False, False, True]
+    job.release()
+    job.now += 300  # the last cool-down has passed
+    assert not job.periodic(), "not held again at once"
+    assert job.fail_times(3) == [False, False, True]
+    assert "6 failed starts" in job.ad["HoldReason"]
+    job.release()
+    job.now += 300
+    job.attempt(1005, "Unspecified job interruption", ran=True)  # fixed: it runs
+    assert not job.periodic()
+
+
+def test_a_sites_own_cool_down_is_kept_for_other_evictions(tmp_path: Path) -> None:
+    knobs = read_knobs(CONF_DIR / "central-manager.conf", tmp_path,
+                       "SYSTEM_ON_VACATE_COOL_DOWN = 42")
+    job = Job(knobs)
+    job.attempt(1008, "reconnect failed", ran=True)
+    assert job.ad["JobCoolDownExpiration"] - job.now == 42
+    job.now += 60
+    job.attempt(1007, TEST_FAILED)
+    assert job.ad["JobCoolDownExpiration"] - job.now == 10
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(["fail", "evict", "ran", "oom"]), min_size=1, max_size=14))
+def test_held_exactly_when_the_third_start_failed_since_the_last_release(
+        outcomes: list[str]) -> None:
+    knobs = _cached_knobs()
+    job = Job(knobs)
+    failed = 0
+    for outcome in outcomes:
+        if job.status == 5:
+            assert failed == 3
+            job.release()
+            failed = 0
+        job.now += 400  # any cool-down is over
+        if outcome == "fail":
+            job.attempt(1007, TEST_FAILED)
+            failed += 1
+        elif outcome == "evict":
+            job.attempt(1005, "Unspecified job interruption")
+        else:
+            job.attempt(1007 if outcome == "oom" else 1002,
+                        OOM if outcome == "oom" else "shadow exception", ran=True)
+        held = job.periodic()
+        assert held == (failed == 3 and outcome == "fail"), (outcomes, failed)
+
+
+_KNOBS: dict[str, str] = {}
+
+
+def _cached_knobs() -> dict[str, str]:
+    if not _KNOBS:
+        import tempfile
+        with tempfile.TemporaryDirectory() as tmp:
+            _KNOBS.update(read_knobs(CONF_DIR / "central-manager.conf", Path(tmp)))
+    return _KNOBS
