@@ -28,7 +28,8 @@ SEEDS = "1,2,3"
 DAYS = 2.0
 
 COLUMNS = (
-    "trace", "policy", "efficiency", "wait p50 (s)", "wait p95 (s)", "wait max (min)",
+    "trace", "policy", "efficiency", "GPU efficiency", "wait p50 (s)", "wait p95 (s)",
+    "wait max (min)",
     "allocated core-h", "claimed core-h", "killed core-h", "pilots submitted",
     "never used", "pending cancelled", "finished/jobs",
 )
@@ -41,9 +42,11 @@ def pooled(runs: list[RunResult]) -> list[str]:
         return statistics.fmean(values) if values else 0.0
     alloc = sum(r.allocated_core_h for r in runs)
     claimed = sum(r.claimed_core_h for r in runs)
+    gpu_alloc = sum(r.allocated_gpu_h for r in runs)
+    gpu = f"{100 * sum(r.claimed_gpu_h for r in runs) / gpu_alloc:.1f} %" if gpu_alloc else "-"
     r0 = runs[0]
     return [
-        r0.trace, r0.policy, f"{100 * claimed / alloc if alloc else 0:.1f} %",
+        r0.trace, r0.policy, f"{100 * claimed / alloc if alloc else 0:.1f} %", gpu,
         f"{mean([r.wait_p50_s for r in runs]):.1f}", f"{mean([r.wait_p95_s for r in runs]):.1f}",
         f"{mean([r.wait_max_s for r in runs]) / 60:.0f}", f"{alloc / len(runs):.0f}",
         f"{claimed / len(runs):.0f}", f"{mean([r.killed_core_h for r in runs]):.0f}",
@@ -107,6 +110,26 @@ def placement(results: list[RunResult]) -> str:
 
 
 FRONTIER_FACTORS = "0,1,1.5,2,3"  # plus the default (2.5), which the main table has
+#: Where the reserve must pay for itself: ours with and without it, per seed.
+RESERVE_TRACE = "mixed-rare"
+
+
+def reserve_on_off(seeds: list[int], days: float, trace: str = RESERVE_TRACE) -> str:
+    """Ours with the default reserve and with none, per seed: efficiency, wait p95, pilots
+    ended by their no-claim shutdown; "not dominated": the reserve is not worse on both."""
+    lines = ["| trace | seed | reserve | efficiency | wait p50 (s) | wait p95 (s) "
+             "| never used | no-claim ends | not dominated |", "|---" * 9 + "|"]
+    for seed in seeds:
+        on, off = (run_scenario("ours", trace, seed=seed, duration=days * 86400,
+                                reserve=reserve)
+                   for reserve in (None, ReserveConfig(enabled=False)))
+        ok = on.efficiency >= off.efficiency or on.wait_p95_s < off.wait_p95_s
+        for name, r in (("on", on), ("off", off)):
+            lines.append(f"| {trace} | {seed} | {name} | {100 * r.efficiency:.1f} % | "
+                         f"{r.wait_p50_s:.1f} | {r.wait_p95_s:.1f} | {r.pilots_never_claimed} | "
+                         f"{r.noclaim_ended} | {('yes' if ok else 'NO') if name == 'on' else ''} |")
+        print(lines[-2], lines[-1], sep="\n", file=sys.stderr, flush=True)
+    return "\n".join(lines)
 
 
 def time_plan(runs: int = 15) -> tuple[float, list[float]]:
@@ -170,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated reserve factors: run only `ours` with each one "
                          "(0 = no reserve) on --traces and print the trade-off table")
     ap.add_argument("--traces", default="steady", help="traces of --reserve-sweep")
+    ap.add_argument("--reserve-trace", default=RESERVE_TRACE,
+                    help="trace of the reserve on/off table ('' = skip)")
     args = ap.parse_args(argv)
     RESULTS.mkdir(parents=True, exist_ok=True)
     if args.reserve_sweep:
@@ -195,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.frontier:
         args.reserve_sweep, args.seed = args.frontier, seeds[0]
         frontier = "\n".join(sweep_lines(args))
+    on_off = reserve_on_off(seeds, args.days, args.reserve_trace) if args.reserve_trace else ""
+    print("", on_off, sep="\n")
     timing = (f"plan() on 100k idle jobs in 500 shapes, 5k pilots, 10 sites: median "
               f"{median * 1000:.1f} ms over {len(times)} runs "
               f"(min {min(times) * 1000:.1f}, max {max(times) * 1000:.1f})")
@@ -207,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         f"percentiles.\n\n{md}\n\n## Dominance per seed\n\n{dominance}\n\n"
         f"## Placement per site (summed over the seeds)\n\n{where}\n\n"
         f"## Reserve frontier (ours on steady, seed {seeds[0]}, other factors)\n\n"
-        f"{frontier or '(not run)'}\n\n{timing}\n", encoding="utf-8")
+        f"{frontier or '(not run)'}\n\n## Reserve on and off ({args.reserve_trace})\n\n"
+        f"{on_off or '(not run)'}\n\n{timing}\n", encoding="utf-8")
     if not args.no_plots:
         for path in plot([r for r in results if r.seed == seeds[0]]):
             print(f"wrote {path.relative_to(ROOT)}", file=sys.stderr)

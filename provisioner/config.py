@@ -76,6 +76,10 @@ class ReserveConfig(_Model):
     ``window_gaps`` of their gaps; once nothing arrived for ``quiet_gaps`` gaps the
     reserve decays by e every lead time; a size the arrivals no longer ask for is held
     one lead time (noise in the estimate does not release pilots the next jobs need).
+    A shape whose jobs are too rare to be likely to claim a reserve slot within the
+    pilot's no-claim time gets none (``min_use_chance``), and a reserve pilot that ended
+    by its no-claim shutdown is not replaced for its shape until a job of that shape
+    arrives again (`provisioner.reserve.NoClaimWatch`).
     Slots are split over the recent arrivals by core count in proportion to the square
     root of their numbers (a rare shape's arrivals vary relatively more, so it gets more
     than its count); a slot takes the largest memory seen for its core count. They are
@@ -113,6 +117,11 @@ class ReserveConfig(_Model):
     #: arrivals (window / arrivals), the reserve decays by e every lead time. A Poisson
     #: stream leaves a gap that long with probability exp(-quiet_gaps) (5: under 1 %).
     quiet_gaps: float = Field(default=5.0, gt=0)
+    #: A shape gets reserve slots only if the next job of that shape is this likely to
+    #: arrive within the pilot's no-claim time (`runtime.noclaim_shutdown_s`: a reserve
+    #: pilot nobody claims ends then): ``1 - exp(-rate * noclaim) >= min_use_chance``.
+    #: Rarer shapes wait for a pilot of their own; 0 = every shape.
+    min_use_chance: float = Field(default=0.5, ge=0, lt=1)
 
 
 class PlacementConfig(_Model):

@@ -58,6 +58,7 @@ from provisioner.model import (
     Unretire,
 )
 from provisioner.plan import carry_over, plan
+from provisioner.reserve import NoClaimWatch, ShapeRates
 from provisioner.scaledown import drained_empty
 from provisioner.sites.base import BackendError
 from provisioner.stuck import StuckGroups
@@ -125,6 +126,9 @@ class Controller:
     retiring: set[str] = field(default_factory=set)  # busy pilots told to leave when done
     arrivals: deque[float] = field(default_factory=deque)  # distinct arrival times
     reserves: deque[tuple[float, int]] = field(default_factory=deque)  # (time, wanted)
+    #: reserve pilots that ended unclaimed, and their shapes' arrivals then
+    noclaim: NoClaimWatch = field(default_factory=NoClaimWatch)
+    rates: ShapeRates = field(default_factory=ShapeRates)  # arrivals per shape
     #: circuit-breaker state changes seen by the last cycle (the service logs them)
     transitions: list[str] = field(default_factory=list)
     cycles: int = 0
@@ -268,6 +272,7 @@ class Controller:
                         limited[p.limit_reason] = limited.get(p.limit_reason, 0) + 1
                 self.transitions += self.limits.observe(
                     site, sum(1 for p in seen if p.site == site), limited, now)
+            self.noclaim.observe(snapshot, self.config, now)
         in_flight: dict[str, int] = {}
         for p in seen:
             if p.state in (PilotState.PENDING, PilotState.STARTING):
@@ -281,7 +286,7 @@ class Controller:
             if self.config.policy.reserve.enabled:
                 window = now - since
                 left = departures(size_then, queue.older)
-        return replace(snapshot, demand=self.stuck.mark(snapshot.demand),
+        snap = replace(snapshot, demand=self.stuck.mark(snapshot.demand),
                        recent_arrivals=self.stuck.mark(snapshot.recent_arrivals),
                        flagged=dict(self.flagged), idle_cycles=dict(self.idle_cycles),
                        arrival_window_s=window if snapshot.recent_arrivals else 0.0,
@@ -292,7 +297,11 @@ class Controller:
                                                     self.config.site_names, now),
                        probing=self.breakers.probing(), retiring=frozenset(self.retiring),
                        arrival_times=len(self.arrivals),
-                       reserve_hold=max((n for _t, n in self.reserves), default=0))
+                       reserve_hold=max((n for _t, n in self.reserves), default=0),
+                       reserve_spent=self.noclaim.limits())
+        if commit and snap.pool_known:
+            self.rates.observe(snap, self.config, now)
+        return replace(snap, shape_rates=self.rates.rates(now))
 
     def _count_arrival(self, newest: float | None, now: float) -> None:
         """Remember the newest job's submission time if it is new, that is later than
@@ -321,6 +330,7 @@ class Controller:
             self.unneeded = kept
             self.hedged = (self.hedged | set(result.hedges)) & present
             self.drained = {k: n + 1 for k, n in snapshot.drained_cycles.items()}
+            self.noclaim.after(snapshot, result.actions, result.reserve_jobs)
             self.retiring = {k for k in self.retiring
                              if k in present or k.split("/", 1)[0] not in known}
             for a in result.actions:

@@ -151,6 +151,13 @@ class Snapshot:
     #: follows the queue down one lead time late, so noise in its estimate does not
     #: release pilots that the next arrivals need.
     reserve_hold: int = 0
+    #: Reserve shapes (cpus, gpus) whose reserve pilot ended by its no-claim shutdown ->
+    #: their recent arrivals then (the controller's `NoClaimWatch`): no reserve for them
+    #: until more have arrived.
+    reserve_spent: dict[tuple[int, int], int] = field(default_factory=dict)
+    #: Arrival rate (jobs/s) per shape (cpus, gpus) over ``reserve.evidence_s`` (the
+    #: controller's); a shape absent: rated from the window's arrivals alone.
+    shape_rates: dict[tuple[int, int], float] = field(default_factory=dict)
     # What the controller carries between cycles (all optional for a plain snapshot):
     #: site -> learnt lead time; sites absent use `policy.placement` defaults.
     estimates: dict[str, SiteEstimate] = field(default_factory=dict)

@@ -8,6 +8,12 @@ One index (`CapacityIndex`) serves both the capacity that exists (free resources
 running pilots, whole pending pilots) and the new pilots of one cycle (`NewPilots`): both
 answer "can this job go here" and "put k jobs there" the same way. Callers pack shapes in
 decreasing size order.
+
+GPUs are kept for GPU jobs, as the pilot's START does (`condor_config/pilot.conf`): each
+free GPU of a bin holds back its share of the bin's cores and memory (`GpuShare`: the
+pilot's cores and memory per GPU), and a job that asks for no GPU fits only into what is
+left beyond that. New pilots for GPU jobs and for CPU-only jobs are opened apart, so a
+new GPU pilot holds GPU jobs only and is sized to them.
 """
 
 from __future__ import annotations
@@ -30,14 +36,51 @@ class Item:
     gpus: int = 0
     runtime_s: int | None = None
 
-    def per_bin(self, free_cpus: int, free_mem: int, free_gpus: int) -> int:
-        """How many of these jobs fit into the given free resources."""
+    def per_bin(self, free_cpus: int, free_mem: int, free_gpus: int,
+                share: GpuShare | None = None) -> int:
+        """How many of these jobs fit into the given free resources; a job without GPUs
+        only into the cores and memory beyond the free GPUs' `share`."""
+        if self.gpus == 0 and free_gpus > 0 and share is not None:
+            free_cpus -= free_gpus * share.cpus
+            free_mem -= free_gpus * share.memory_mb
         k = free_cpus // self.cpus
         if self.memory_mb > 0:
             k = min(k, free_mem // self.memory_mb)
         if self.gpus > 0:
             k = min(k, free_gpus // self.gpus)
         return max(k, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuShare:
+    """Cores and memory a pilot keeps per free GPU for jobs that ask for GPUs: its
+    allocation divided by its GPUs (rounded down, as the startd's START computes it)."""
+
+    cpus: int = 0
+    memory_mb: int = 0
+
+
+NO_SHARE = GpuShare()
+
+
+def gpu_share(cpus: int, memory_mb: int, gpus: int) -> GpuShare:
+    """The share per GPU of a pilot of `cpus` cores, `memory_mb` MB and `gpus` GPUs."""
+    if gpus <= 0:
+        return NO_SHARE
+    return GpuShare(cpus // gpus, memory_mb // gpus)
+
+
+def pilot_share(p: Pilot) -> GpuShare:
+    """The share per GPU of pilot `p` (its whole allocation)."""
+    return gpu_share(p.cpus, p.memory_mb, p.gpus)
+
+
+def fits_cpu_only(cpus: int, memory_mb: int, free_cpus: int, free_mem: int, free_gpus: int,
+                  share: GpuShare) -> bool:
+    """Whether a job asking for no GPU may start in these free resources (the pilot's
+    START clause for GPU pilots, evaluated the same way)."""
+    return (cpus <= free_cpus - free_gpus * share.cpus
+            and memory_mb <= free_mem - free_gpus * share.memory_mb)
 
 
 @dataclass(slots=True)
@@ -57,6 +100,11 @@ class BinGroup:
     used_gpus: int = 0
     jobs: int = 0  # per bin
     untils: list[float] = field(default_factory=list)
+    share: GpuShare = NO_SHARE  # kept per free GPU for GPU jobs
+
+    def per_bin(self, item: Item) -> int:
+        """How many jobs of `item` one bin of this group takes."""
+        return item.per_bin(self.free_cpus, self.free_mem, self.free_gpus, self.share)
 
     def split(self, n: int) -> BinGroup:
         """Detach the first `n` bins (the latest-ending) into a new group (same state) and
@@ -64,7 +112,7 @@ class BinGroup:
         head = BinGroup(
             self.free_cpus, self.free_mem, self.free_gpus, self.usable_until, n,
             self.members[:n], self.used_cpus, self.used_mem, self.used_gpus, self.jobs,
-            self.untils[:n],
+            self.untils[:n], self.share,
         )
         self.members = self.members[n:]
         self.count -= n
@@ -146,9 +194,7 @@ class CapacityIndex:
         keys = self.keys
         if n <= 0 or not keys or keys[0] < c:
             return 0
-        if any(
-            c >= f[0] and m >= f[1] and gp >= f[2] and deadline >= f[3] for f in self.failed
-        ):
+        if any(_covers(f, c, m, gp, deadline) for f in self.failed):
             return 0
         fc, fm = (floor.cpus, floor.memory_mb) if floor is not None else (1, 0)
         placed = 0
@@ -171,7 +217,10 @@ class CapacityIndex:
                     g = g.split(ok)
                     self.registry.append(g)
                     bucket.insert(j, g)
-                k = item.per_bin(g.free_cpus, g.free_mem, g.free_gpus)
+                k = g.per_bin(item)
+                if k == 0:  # the cores or memory left are kept for GPU jobs
+                    j += 1
+                    continue
                 if n >= k * g.count:
                     g.add(item, k)
                     placed += k * g.count
@@ -202,13 +251,20 @@ class CapacityIndex:
                 self._insert(g)
         if n > 0:
             # nothing as large as this item fits any more; keep only minimal failures
-            self.failed = [
-                f for f in self.failed
-                if not (f[0] >= c and f[1] >= m and f[2] >= gp and f[3] >= deadline)
-            ]
+            self.failed = [f for f in self.failed if not _covers((c, m, gp, deadline), *f)]
             self.failed.append((c, m, gp, deadline))
             self._refresh_max_mem()
         return placed
+
+
+def _covers(failure: tuple[int, int, int, float], c: int, m: int, gp: int,
+            deadline: float) -> bool:
+    """Whether a job of (c, m, gp) by `deadline` surely fails where `failure` did: it asks
+    for at least as much, and of the same kind (a job without GPUs may not use the cores
+    kept for GPU jobs, so its failure says nothing about GPU jobs, and the reverse)."""
+    fc, fm, fg, fd = failure
+    return (c >= fc and m >= fm and gp >= fg and deadline >= fd
+            and (gp == 0) == (fg == 0))
 
 
 def _neg_mem(g: BinGroup) -> int:
@@ -224,7 +280,8 @@ class NewPilots:
     """New pilots of one site, at most `allowed`. Each new bin has `pack_cpus` cores, or
     the cores of the first job put in it if more (at most `cpus`), and the largest memory.
     Pilots opened this cycle are filled first, through the same `CapacityIndex` as
-    existing capacity."""
+    existing capacity. Jobs that ask for GPUs open bins with the site's GPUs and share
+    them with GPU jobs only; CPU-only jobs open bins without GPUs (`open_gpu`, `open`)."""
 
     cpus: int
     memory_mb: int
@@ -233,35 +290,38 @@ class NewPilots:
     pack_cpus: int = 0  # 0 = cpus
     registry: list[BinGroup] = field(default_factory=list)
     open: CapacityIndex = field(init=False)
+    open_gpu: CapacityIndex = field(init=False)
     opened: int = 0
 
     def __post_init__(self) -> None:
         self.open = CapacityIndex([], self.registry)
+        self.open_gpu = CapacityIndex([], self.registry)
 
     def fill(self, item: Item, n: int) -> int:
         """Place up to `n` jobs: first into pilots opened this cycle, then into new ones;
         return how many were placed."""
         if n <= 0:
             return 0
-        placed = self.open.fill(item, n, 0.0)
+        index, gpus = (self.open_gpu, self.gpus) if item.gpus > 0 else (self.open, 0)
+        placed = index.fill(item, n, 0.0)
         n -= placed
         cpus = min(self.cpus, max(self.pack_cpus or self.cpus, item.cpus))
-        k = item.per_bin(cpus, self.memory_mb, self.gpus)
+        k = item.per_bin(cpus, self.memory_mb, gpus)
         left = self.allowed - self.opened
         if n <= 0 or k == 0 or left <= 0:
             return placed
         full = min(n // k, left)
         if full:
-            g = BinGroup(cpus, self.memory_mb, self.gpus, INF, full)
+            g = BinGroup(cpus, self.memory_mb, gpus, INF, full)
             g.add(item, k)
             self.opened += full
-            self.open.add(g)
+            index.add(g)
             n -= full * k
             placed += full * k
         if n > 0 and self.opened < self.allowed:
-            g = BinGroup(cpus, self.memory_mb, self.gpus, INF, 1)
+            g = BinGroup(cpus, self.memory_mb, gpus, INF, 1)
             g.add(item, n)
             self.opened += 1
-            self.open.add(g)
+            index.add(g)
             placed += n
         return placed

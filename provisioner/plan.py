@@ -44,7 +44,15 @@ from provisioner.model import (
     Snapshot,
     Submit,
 )
-from provisioner.packing import INF, BinGroup, CapacityIndex, Item, NewPilots
+from provisioner.packing import (
+    INF,
+    BinGroup,
+    CapacityIndex,
+    GpuShare,
+    Item,
+    NewPilots,
+    pilot_share,
+)
 from provisioner.placement import (
     costs_of,
     ranked,
@@ -152,7 +160,8 @@ def add_capacity(sites: dict[str, SiteRow], snapshot: Snapshot, now: float,
     skip = frozenset(skip)
     tier_of = {state: i for i, state in enumerate(_TIERS)}
     whole = (PilotState.PENDING, PilotState.STARTING)
-    raw: dict[tuple[str, int], dict[tuple[int, int, int], list[tuple[float, Pilot]]]] = (
+    raw: dict[tuple[str, int], dict[tuple[int, int, int, GpuShare],
+                                     list[tuple[float, Pilot]]]] = (
         defaultdict(lambda: defaultdict(list)))
     for p in snapshot.pilots:
         row = sites.get(p.site)
@@ -168,14 +177,14 @@ def add_capacity(sites: dict[str, SiteRow], snapshot: Snapshot, now: float,
         end = _deadline(p, row.config, now)
         if end is None:
             continue  # within the shutdown margin: not capacity any more
-        raw[(p.site, tier)][free].append((end, p))
+        raw[(p.site, tier)][(*free, pilot_share(p))].append((end, p))
     for (site_name, tier), by_free in sorted(raw.items()):
         groups = []
-        for (c, m, g), members in by_free.items():
+        for (c, m, g, share), members in by_free.items():
             members.sort(key=_latest_first)  # stable: equal ends keep snapshot order
             untils = [u for u, _p in members]
             groups.append(BinGroup(c, m, g, untils[0], len(members),
-                                   [p for _u, p in members], untils=untils))
+                                   [p for _u, p in members], untils=untils, share=share))
         sites[site_name].existing[tier] = CapacityIndex(groups, registry)
 
 
@@ -241,7 +250,8 @@ def fill_new(rows: Iterable[Row], sites: dict[str, SiteRow], global_left: int,
 def _per_pilot(s: SiteRow, row: Row) -> int:
     """How many of the row's jobs one new pilot at `s` takes."""
     p = s.config.pilot
-    return row.item.per_bin(min(p.cpus, max(p.pack_cpus, row.item.cpus)), p.memory_mb, p.gpus)
+    gpus = p.gpus if row.item.gpus else 0  # CPU-only jobs get pilots without GPUs
+    return row.item.per_bin(min(p.cpus, max(p.pack_cpus, row.item.cpus)), p.memory_mb, gpus)
 
 
 def _pilots_left(s: SiteRow, global_left: int) -> int:

@@ -43,7 +43,8 @@ from provisioner.model import Demand, JobShape
 log = logging.getLogger(__name__)
 
 #: condor_config/pilot.conf's START with ``time()`` as the pilot's start (the prototype's
-#: clock) and ``$(PILOT_STOP_AT)`` as `PilotStopAt` (a unit test keeps them equal).
+#: clock) and ``$(PILOT_STOP_AT)`` as `PilotStopAt` (a unit test keeps them equal), less
+#: its GPU clause: a CPU-only job's pilot asks for no GPUs, so the clause never bites it.
 PILOT_START = ("(PilotStartTime < PilotStopAt) && "
                "(TARGET.MaxRuntime =?= undefined || "
                "PilotStartTime + TARGET.MaxRuntime < PilotStopAt)")

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from provisioner.config import Config, SiteConfig
 from provisioner.matching import Row, fitting_sites, item_of, matched_sites
-from provisioner.model import JobShape, Snapshot
+from provisioner.model import Action, Cancel, JobShape, Pilot, PilotState, Release, Retire, Snapshot
 
 
 def reserve_lead(snapshot: Snapshot, config: Config) -> float:
@@ -124,19 +125,8 @@ def reserve_rows(snapshot: Snapshot, config: Config, sites: Sequence[SiteConfig]
     times = snapshot.arrival_times
     if times is not None and times < config.policy.reserve.min_arrival_times:
         return [], 0
-    counts: Counter[_Key] = Counter()
-    memory: dict[_Key, int] = {}
-    for d in snapshot.recent_arrivals:
-        if d.idle <= 0:
-            continue
-        shape = d.shape
-        item = item_of(shape)
-        if not matched_sites(d, sites, item)[0]:
-            continue  # unmatchable arrivals never cause a reserve
-        key = (item.cpus, item.gpus, shape.desired_sites,
-               tuple(sorted(d.sites)) if d.sites is not None else ())
-        counts[key] += d.idle
-        memory[key] = max(memory.get(key, 0), shape.memory_mb)
+    counts, memory = _groups(snapshot, sites)
+    counts = _worth_reserving(counts, snapshot, config, sites)
     total = sum(counts.values())
     last = snapshot.last_arrival_at
     quiet = 0.0 if last is None else max(0.0, now - last)
@@ -159,6 +149,141 @@ def reserve_rows(snapshot: Snapshot, config: Config, sites: Sequence[SiteConfig]
             rows.append(Row(item, shape, n, fits, reserve=True))
     rows.sort(key=Row.size_key, reverse=True)
     return rows, size
+
+
+def _groups(snapshot: Snapshot, sites: Sequence[SiteConfig]
+            ) -> tuple[Counter[_Key], dict[_Key, int]]:
+    """Recent matchable arrivals per reserve group, and each group's largest memory."""
+    counts: Counter[_Key] = Counter()
+    memory: dict[_Key, int] = {}
+    for d in snapshot.recent_arrivals:
+        if d.idle <= 0:
+            continue
+        shape = d.shape
+        item = item_of(shape)
+        if not matched_sites(d, sites, item)[0]:
+            continue  # unmatchable arrivals never cause a reserve
+        key = (item.cpus, item.gpus, shape.desired_sites,
+               tuple(sorted(d.sites)) if d.sites is not None else ())
+        counts[key] += d.idle
+        memory[key] = max(memory.get(key, 0), shape.memory_mb)
+    return counts, memory
+
+
+def _worth_reserving(counts: Counter[_Key], snapshot: Snapshot, config: Config,
+                     sites: Sequence[SiteConfig]) -> Counter[_Key]:
+    """The groups a reserve slot pays for: the next job of the group is likely (``reserve.
+    min_use_chance``) to arrive within the no-claim time of a pilot where it would wait
+    (the shortest among the group's sites), and no reserve pilot of its shape ended
+    unclaimed since the group's last arrivals (`Snapshot.reserve_spent`)."""
+    window = snapshot.arrival_window_s
+    chance = config.policy.reserve.min_use_chance
+    noclaim = {s.name: s.runtime.noclaim_shutdown_s for s in sites}
+    arrived = shape_arrivals(counts)
+    out: Counter[_Key] = Counter()
+    for key, n in counts.items():
+        cpus, gpus, desired, matched = key
+        spent = snapshot.reserve_spent.get((cpus, gpus))
+        if spent is not None and arrived[(cpus, gpus)] <= spent:
+            continue
+        names = [s.name for s in sites if (not desired or s.name in desired)
+                 and (not matched or s.name in matched)]
+        hold = min((noclaim[name] for name in names), default=0)
+        rate = snapshot.shape_rates.get((cpus, gpus))
+        if rate is None:
+            rate = n / window if window > 0 else 0.0
+        else:  # the shape's long-run rate, shared among its groups by their arrivals
+            rate *= n / arrived[(cpus, gpus)]
+        if 1 - math.exp(-rate * hold) < chance:
+            continue
+        out[key] = n
+    return out
+
+
+def shape_arrivals(counts: Mapping[_Key, int]) -> Counter[tuple[int, int]]:
+    """Arrivals per (cpus, gpus)."""
+    out: Counter[tuple[int, int]] = Counter()
+    for (cpus, gpus, _d, _m), n in counts.items():
+        out[(cpus, gpus)] += n
+    return out
+
+
+@dataclass
+class ShapeRates:
+    """Arrival rate per shape (cpus, gpus) over ``reserve.evidence_s`` (pure).
+
+    One window's count of a rare shape says little (seen once in 15 minutes, it looks
+    like four an hour); the time-weighted mean of the windows' rates over the evidence
+    span, zeros included, does not overstate it."""
+
+    samples: list[tuple[float, Counter[tuple[int, int]], float]] = field(
+        default_factory=list)  # (time, arrivals per shape, window)
+
+    def observe(self, snapshot: Snapshot, config: Config, now: float) -> None:
+        if snapshot.arrival_window_s <= 0:
+            return
+        counts, _memory = _groups(snapshot, config.sites)
+        self.samples.append((now, shape_arrivals(counts), snapshot.arrival_window_s))
+        span = config.policy.reserve.evidence_s
+        self.samples = [s for s in self.samples if s[0] > now - span]
+
+    def rates(self, now: float) -> dict[tuple[int, int], float]:
+        """Jobs/s per shape: each sample weighted by the time to the next (the last by
+        the time since it, at least one second)."""
+        if not self.samples:
+            return {}
+        total: dict[tuple[int, int], float] = {}
+        weight = 0.0
+        for i, (t, counts, window) in enumerate(self.samples):
+            following = self.samples[i + 1][0] if i + 1 < len(self.samples) else now
+            w = max(1.0, following - t)
+            weight += w
+            for shape, n in counts.items():
+                total[shape] = total.get(shape, 0.0) + w * n / window
+        return {shape: v / weight for shape, v in total.items()}
+
+
+@dataclass
+class NoClaimWatch:
+    """The controller's memory of reserve pilots that ended unclaimed (pure).
+
+    A pilot that a cycle left idle (not released, cancelled or retired) and that is gone
+    at the next cycle, well before its walltime margin, ended by itself: its startd's
+    no-claim shutdown (`STARTD_NOCLAIM_SHUTDOWN`). While a reserve is held, its shape
+    (cpus, gpus) is remembered with the shape's recent arrivals then; the reserve holds
+    no slot of that shape until more have arrived (an identical pilot for the same
+    forecast would wait the same way), or for ``reserve.evidence_s`` at most."""
+
+    left_idle: dict[str, Pilot] = field(default_factory=dict)  # key -> as last seen
+    spent: dict[tuple[int, int], tuple[float, int]] = field(default_factory=dict)
+
+    def observe(self, snapshot: Snapshot, config: Config, now: float) -> None:
+        """Learn from `snapshot` (a committed cycle's) which idle pilots ended by
+        themselves; forget what new arrivals or time made stale."""
+        known = {v.name for v in snapshot.sites if v.known}
+        present = {p.key for p in snapshot.pilots}
+        margin = {s.name: s.pilot.shutdown_margin_s for s in config.sites}
+        counts, _memory = _groups(snapshot, config.sites)
+        arrived = shape_arrivals(counts)
+        for key, p in self.left_idle.items():
+            if key in present or p.site not in known or p.site not in margin:
+                continue
+            end = p.walltime_end
+            if end is None or now < end - margin[p.site]:
+                self.spent[(p.cpus, p.gpus)] = (now, arrived[(p.cpus, p.gpus)])
+        keep = config.policy.reserve.evidence_s
+        self.spent = {shape: (t, n) for shape, (t, n) in self.spent.items()
+                      if now - t < keep and arrived[shape] <= n}
+
+    def after(self, snapshot: Snapshot, actions: Iterable[Action], reserve: int) -> None:
+        """The pilots this cycle leaves idle, while it holds a reserve (`reserve` slots)."""
+        told = {a.pilot.key for a in actions if isinstance(a, (Release, Cancel, Retire))}
+        self.left_idle = {p.key: p for p in snapshot.pilots if reserve > 0
+                          and p.state is PilotState.IDLE and p.key not in told}
+
+    def limits(self) -> dict[tuple[int, int], int]:
+        """For `Snapshot.reserve_spent`."""
+        return {shape: n for shape, (_t, n) in self.spent.items()}
 
 
 def _split(size: int, counts: Counter[_Key]) -> dict[_Key, int]:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Protocol
 from bench.sim.traces import JobSpec
 from provisioner.config import SiteConfig
 from provisioner.model import Action, JobShape, round_memory
+from provisioner.packing import fits_cpu_only, gpu_share
 
 if TYPE_CHECKING:
     from bench.sim.world import World
@@ -24,6 +25,7 @@ class SiteModel:
     wait_median_s: float = 60.0  # SLURM queue wait, lognormal
     wait_sigma: float = 1.0
     boot_s: float = 90.0
+    gpus_per_node: int = 0
     black_hole: bool = False  # pilots exit after boot_s without ever joining the pool
     #: An account limit: sbatch is refused (SLURM's words) while the site holds this many
     #: pilot jobs (None: no limit).
@@ -82,6 +84,10 @@ class SimPilot:
     used_mem: int = 0
     jobs: set[SimJob] = field(default_factory=set)
     claimed: bool = False  # ever ran a job
+    gpus: int = 0
+    used_gpus: int = 0
+    idle_since: float | None = None  # booted and running nothing since (no-claim timer)
+    noclaim_ended: bool = False  # ended by its no-claim shutdown
 
     @property
     def key(self) -> str:
@@ -105,6 +111,13 @@ class SimPilot:
             return False
         if round_memory(s.memory_mb) > self.memory_mb - self.used_mem:
             return False
+        if s.gpus > self.gpus - self.used_gpus:
+            return False
+        if s.gpus == 0 and self.gpus > self.used_gpus and not fits_cpu_only(
+                s.cpus, round_memory(s.memory_mb), self.cpus - self.used_cpus,
+                self.memory_mb - self.used_mem, self.gpus - self.used_gpus,
+                gpu_share(self.cpus, self.memory_mb, self.gpus)):
+            return False  # the pilot's START keeps the free GPUs' cores for GPU jobs
         end = self.walltime_end
         assert end is not None
         if s.runtime_s is not None:

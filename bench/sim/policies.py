@@ -75,7 +75,8 @@ class PlanPolicy:
 
 def _whole_node(site: SiteModel, count: int = 1) -> Submit:
     return Submit(site.name, count, site.cores_per_node, site.mem_per_node_mb,
-                  site.config.pilot.walltime_s, reason="whole node")
+                  site.config.pilot.walltime_s, reason="whole node",
+                  gpus=min(site.gpus_per_node, site.config.pilot.gpus))
 
 
 def _sites_by_weight(world: World) -> list[SiteModel]:

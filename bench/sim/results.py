@@ -47,6 +47,9 @@ class RunResult:
     pending_cancelled: int = 0  # pilots cancelled before they started
     #: site -> (pilots started, allocated core-h)
     placement: dict[str, tuple[int, float]] = field(default_factory=dict)
+    allocated_gpu_h: float = 0.0  # pilot GPUs from SLURM start to end
+    claimed_gpu_h: float = 0.0  # GPUs of GPU jobs' runs (killed runs excluded)
+    noclaim_ended: int = 0  # pilots ended by their no-claim shutdown
     seed: int = 0
     sbatch_calls: int = 0  # sbatch attempts, refused ones included
     sbatch_refused: int = 0
@@ -55,6 +58,11 @@ class RunResult:
     @property
     def efficiency(self) -> float:
         return self.claimed_core_h / self.allocated_core_h if self.allocated_core_h else 0.0
+
+    @property
+    def gpu_efficiency(self) -> float | None:
+        """GPU-hours claimed by GPU jobs / GPU-hours allocated; None without GPUs."""
+        return self.claimed_gpu_h / self.allocated_gpu_h if self.allocated_gpu_h else None
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -75,6 +83,11 @@ def summarize(world: World, policy: str, trace: str) -> RunResult:
     claimed = world.claimed_core_s + sum(
         j.shape.cpus * (now - j.start) for p in world.pilots.values()
         for j in p.jobs if j.start is not None)
+    alive = [p for p in world.pilots.values() if p.started_at is not None]
+    gpu_alloc = world.allocated_gpu_s + sum(
+        p.gpus * (now - p.started_at) for p in alive if p.started_at is not None)
+    gpu_claimed = world.claimed_gpu_s + sum(
+        j.shape.gpus * (now - j.start) for p in alive for j in p.jobs if j.start is not None)
     never = {id(j) for j in world.unmatchable}
     matchable = [j for j in world.jobs if id(j) not in never]
     waits = [(j.start if j.start is not None else now) - j.spec.submit for j in matchable]
@@ -103,4 +116,6 @@ def summarize(world: World, policy: str, trace: str) -> RunResult:
         pending_cancelled=sum(1 for p in world.all_pilots if p.cancelled),
         placement=dict(sorted(placement.items())),
         sbatch_calls=world.sbatch_calls, sbatch_refused=world.sbatch_refused,
+        allocated_gpu_h=gpu_alloc / HOUR, claimed_gpu_h=gpu_claimed / HOUR,
+        noclaim_ended=sum(1 for p in started if p.noclaim_ended),
     )

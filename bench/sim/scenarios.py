@@ -71,13 +71,24 @@ def limited_sites() -> list[SiteModel]:
     return [replace(gsi, submit_limit=20, sbatch_per_min=4), frankfurt]
 
 
+def gpu_sites() -> list[SiteModel]:
+    """The default sites with GPUs at gsi only: 4 per 16-core node (pilots ask for as
+    many as their jobs use)."""
+    gsi, frankfurt = default_sites()
+    pilot = gsi.config.pilot.model_copy(update={"gpus": 4})
+    gsi = replace(gsi, config=gsi.config.model_copy(update={"pilot": pilot}), gpus_per_node=4)
+    return [gsi, frankfurt]
+
+
 #: Site sets a scenario runs on.
-SITE_SETS = {"default": default_sites, "hetero": hetero_sites, "limited": limited_sites}
+SITE_SETS = {"default": default_sites, "hetero": hetero_sites, "limited": limited_sites,
+             "gpu": gpu_sites}
 #: (trace, site set) pairs `make bench` runs.
 SCENARIOS: tuple[tuple[str, str], ...] = (
     ("steady", "default"), ("bursty", "default"), ("diurnal", "default"),
     ("mixed", "default"), ("steady-4x", "default"), ("trickle", "default"),
     ("steady", "hetero"), ("bursty", "hetero"), ("mixed", "hetero"), ("trickle", "hetero"),
+    ("gpu-mix", "gpu"), ("mixed-rare", "default"),
 )
 
 

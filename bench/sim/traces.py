@@ -59,6 +59,12 @@ def mixed_shapes(rng: random.Random) -> tuple[int, int]:
     return cpus, cpus * rng.choice((1000, 1800, 2500, 3500))
 
 
+def rare_multicore(rng: random.Random) -> tuple[int, int]:
+    """Mostly 1-core jobs; 2-, 4- and 8-core ones are rare (7, 3 and 2 %)."""
+    cpus = rng.choices((1, 2, 4, 8), weights=(88, 7, 3, 2))[0]
+    return cpus, cpus * rng.choice((1000, 1800, 2500, 3500))
+
+
 def _jobs(
     times: list[float], rng: random.Random, shapes: ShapeDraw, runtimes: RuntimeModel
 ) -> list[JobSpec]:
@@ -67,6 +73,22 @@ def _jobs(
         cpus, mem = shapes(rng)
         true, stated = runtimes.draw(rng)
         out.append(JobSpec(i, t, JobShape(cpus, mem, runtime_s=stated), true))
+    return out
+
+
+def _gpu_jobs(times: list[float], rng: random.Random, gpu_share: float,
+              runtimes: RuntimeModel) -> list[JobSpec]:
+    """1-core CPU jobs, and a share `gpu_share` of GPU jobs: 1 GPU with 2 or 4 cores or 2
+    GPUs with 8 cores, 4 GB per core."""
+    out = []
+    for i, t in enumerate(sorted(times)):
+        true, stated = runtimes.draw(rng)
+        if rng.random() < gpu_share:
+            cpus, gpus = rng.choices(((2, 1), (4, 1), (8, 2)), weights=(40, 40, 20))[0]
+            shape = JobShape(cpus, 4000 * cpus, gpus=gpus, runtime_s=stated)
+        else:
+            shape = JobShape(1, rng.choice((1500, 2000, 2000, 3000)), runtime_s=stated)
+        out.append(JobSpec(i, t, shape, true))
     return out
 
 
@@ -124,6 +146,23 @@ def steady_4x(seed: int, duration: float = 2 * DAY) -> list[JobSpec]:
     return steady(seed, duration, rate_per_h=960)
 
 
+def gpu_mix(seed: int, duration: float = 2 * DAY, rate_per_h: float = 240,
+            gpu_share: float = 0.15) -> list[JobSpec]:
+    """Poisson arrivals, 85 % 1-core CPU jobs and 15 % GPU jobs (`_gpu_jobs`)."""
+    rng = random.Random(seed)
+    times, t = [], rng.expovariate(rate_per_h / HOUR)
+    while t < duration:
+        times.append(t)
+        t += rng.expovariate(rate_per_h / HOUR)
+    return _gpu_jobs(times, rng, gpu_share, RuntimeModel())
+
+
+def mixed_rare(seed: int, duration: float = 2 * DAY, rate_per_h: float = 90) -> list[JobSpec]:
+    """Steady arrivals of 1-8 core jobs where the multi-core shapes are rare
+    (`rare_multicore`): a reserve for them would mostly wait."""
+    return steady(seed, duration, rate_per_h, shapes=rare_multicore)
+
+
 def trickle(seed: int, duration: float = 2 * DAY) -> list[JobSpec]:
     """Sparse work: Poisson arrivals of one-core jobs, one every ~10 minutes on average."""
     return steady(seed, duration, rate_per_h=6)
@@ -136,4 +175,6 @@ TRACES: dict[str, Callable[[int], list[JobSpec]]] = {
     "mixed": mixed,
     "steady-4x": steady_4x,
     "trickle": trickle,
+    "gpu-mix": gpu_mix,
+    "mixed-rare": mixed_rare,
 }

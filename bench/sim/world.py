@@ -16,7 +16,11 @@ kills whatever still runs: the job goes back to the queue (its job lease) and it
 so far is waste, not claimed. A retired pilot still takes jobs and ends the moment it has
 none (the real one looks every second); a withdrawn retirement makes it an ordinary pilot.
 A `black_hole` site's pilots start and never join the pool
-(they exit after `boot_s`), like a site with a broken image path.
+(they exit after `boot_s`), like a site with a broken image path. A pilot that runs nothing
+for its site's `runtime.noclaim_shutdown_s` ends by itself (`STARTD_NOCLAIM_SHUTDOWN`).
+GPUs: a site's nodes have `gpus_per_node`; a pilot holds the GPUs it asked for, a job
+that asks for GPUs starts only where they are free, and one that asks for none only in
+the cores and memory beyond the free GPUs' share (the pilot's START).
 """
 
 from __future__ import annotations
@@ -76,11 +80,14 @@ class World:
         self.all_pilots: list[SimPilot] = []
         self.pending: dict[str, list[SimPilot]] = {name: [] for name in self.sites}
         self.node_free: dict[str, list[list[int]]] = {
-            s.name: [[s.cores_per_node, s.mem_per_node_mb] for _ in range(s.nodes)]
+            s.name: [[s.cores_per_node, s.mem_per_node_mb, s.gpus_per_node]
+                     for _ in range(s.nodes)]
             for s in self.sites.values()
         }
         self.allocated_core_s = 0.0
         self.claimed_core_s = 0.0
+        self.allocated_gpu_s = 0.0
+        self.claimed_gpu_s = 0.0  # GPU time of GPU jobs' finished runs
         self.killed_core_s = 0.0  # core time of runs killed at walltime (waste)
         self.timeline: list[Sample] = []
         self._next_pilot = 1
@@ -97,6 +104,7 @@ class World:
     def _fits_somewhere(self, shape: JobShape) -> bool:
         return any(
             shape.cpus <= s.cores_per_node and round_memory(shape.memory_mb) <= s.mem_per_node_mb
+            and shape.gpus <= min(s.gpus_per_node, s.config.pilot.gpus)
             and (not shape.desired_sites or s.name in shape.desired_sites)
             for s in self.sites.values()
         )
@@ -120,6 +128,7 @@ class World:
             walltime_end=p.walltime_end,
             free_cpus=p.cpus if full else p.cpus - p.used_cpus,
             free_memory_mb=p.memory_mb if full else p.memory_mb - p.used_mem,
+            gpus=p.gpus, free_gpus=p.gpus if full else p.gpus - p.used_gpus,
             name=f"slot1@{p.key}" if p.booted else None,
             # Its startd's DaemonStartTime, as the service reads it from the ad.
             joined_at=p.started_at + p.site.boot_s if p.booted and p.started_at is not None
@@ -189,7 +198,7 @@ class World:
             if text:
                 self.sbatch_refused += 1
                 return ids, classify_sbatch(a.site, text)
-            ids.append(str(self.submit(a.site, a.cpus, a.memory_mb, a.walltime_s).id))
+            ids.append(str(self.submit(a.site, a.cpus, a.memory_mb, a.walltime_s, a.gpus).id))
         return ids, None
 
     def apply(self, actions: Iterable[Action]) -> None:
@@ -207,9 +216,10 @@ class World:
                     if p.retiring and p.booted and not p.jobs:
                         self._end_pilot(p)
 
-    def submit(self, site_name: str, cpus: int, memory_mb: int, walltime_s: float) -> SimPilot:
+    def submit(self, site_name: str, cpus: int, memory_mb: int, walltime_s: float,
+               gpus: int = 0) -> SimPilot:
         site = self.sites[site_name]
-        p = SimPilot(self._next_pilot, site, cpus, memory_mb, walltime_s, self.now)
+        p = SimPilot(self._next_pilot, site, cpus, memory_mb, walltime_s, self.now, gpus=gpus)
         self._next_pilot += 1
         self.pilots[p.id] = p
         self.all_pilots.append(p)
@@ -241,9 +251,10 @@ class World:
                 still.append(p)
                 continue
             for i, node in enumerate(free):
-                if node[0] >= p.cpus and node[1] >= p.memory_mb:
+                if node[0] >= p.cpus and node[1] >= p.memory_mb and node[2] >= p.gpus:
                     node[0] -= p.cpus
                     node[1] -= p.memory_mb
+                    node[2] -= p.gpus
                     p.node = i
                     p.started_at = self.now
                     self._at(self.now + p.site.boot_s,
@@ -263,11 +274,22 @@ class World:
         p.ended_at = self.now
         assert p.started_at is not None and p.node is not None
         self.allocated_core_s += p.cpus * (self.now - p.started_at)
+        self.allocated_gpu_s += p.gpus * (self.now - p.started_at)
         node = self.node_free[p.site.name][p.node]
         node[0] += p.cpus
         node[1] += p.memory_mb
+        node[2] += p.gpus
         del self.pilots[p.id]
         self._try_start(p.site.name)
+
+    def _noclaim_s(self, p: SimPilot) -> float:
+        """The pilot's STARTD_NOCLAIM_SHUTDOWN (its site's `runtime.noclaim_shutdown_s`)."""
+        return float(p.site.config.runtime.noclaim_shutdown_s)
+
+    def _idle(self, p: SimPilot) -> None:
+        """`p` runs nothing from now: its no-claim timer starts."""
+        p.idle_since = self.now
+        self._at(self.now + self._noclaim_s(p), "noclaim", p)
 
     # -- pool side ----------------------------------------------------------------------------
     def _finish_job(self, job: SimJob, killed: bool = False) -> None:
@@ -279,6 +301,9 @@ class World:
         p.jobs.discard(job)
         p.used_cpus -= job.shape.cpus
         p.used_mem -= round_memory(job.shape.memory_mb)
+        p.used_gpus -= job.shape.gpus
+        if not p.jobs:
+            self._idle(p)
         if killed:
             self.killed_core_s += core_s
             job.kills += 1
@@ -287,6 +312,7 @@ class World:
             return
         job.end = self.now
         self.claimed_core_s += core_s
+        self.claimed_gpu_s += job.shape.gpus * (self.now - job.start)
 
     def reschedule(self) -> None:
         """condor_reschedule: a negotiation now, or once the minimum interval since the
@@ -302,12 +328,12 @@ class World:
         if not avail or not self.queue:
             return
         avail.sort(key=lambda p: (p.cpus - p.used_cpus, -(p.walltime_end or 0), p.id))
-        failed: set[tuple[int, int, int | None]] = set()
+        failed: set[tuple[int, int, int | None, int]] = set()
         left: list[SimJob] = []
         min_free = 0
         for job in self.queue:
             s = job.shape
-            sig = (s.cpus, round_memory(s.memory_mb), s.runtime_s)
+            sig = (s.cpus, round_memory(s.memory_mb), s.runtime_s, s.gpus)
             if sig in failed or s.cpus < min_free:
                 left.append(job)
                 continue
@@ -319,6 +345,8 @@ class World:
                     p.claimed = True
                     p.used_cpus += s.cpus
                     p.used_mem += round_memory(s.memory_mb)
+                    p.used_gpus += s.gpus
+                    p.idle_since = None
                     self._at(self.now + job.spec.runtime, "job_end", job)
                     break
             else:
@@ -375,6 +403,15 @@ class World:
                     payload.booted = True
                     if payload.draining:
                         self._end_pilot(payload)
+                    else:
+                        self._idle(payload)
+            elif kind == "noclaim":
+                assert isinstance(payload, SimPilot)
+                if payload.ended_at is None and not payload.jobs and \
+                        payload.idle_since is not None and \
+                        t >= payload.idle_since + self._noclaim_s(payload):
+                    payload.noclaim_ended = True
+                    self._end_pilot(payload)
             elif kind == "crashed":
                 assert isinstance(payload, SimPilot)
                 self._end_pilot(payload)

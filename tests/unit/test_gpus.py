@@ -149,11 +149,15 @@ def test_pilot_conf_turns_gpu_discovery_on_only_for_a_pilot_with_gpus() -> None:
     block = text[text.index("PILOT_GPUS = $ENV(PILOT_GPUS:0)"):]
     block = block[:block.index("endif") + len("endif")]
     lines = [line.strip() for line in block.splitlines()]
-    assert lines == ["PILOT_GPUS = $ENV(PILOT_GPUS:0)", "if $(PILOT_GPUS)",
+    assert lines == ["PILOT_GPUS = $ENV(PILOT_GPUS:0)", "PILOT_GPU_START = True",
+                     "if $(PILOT_GPUS)",
                      "use feature : GPUs",
                      "GPU_DISCOVERY_EXTRA = $(GPU_DISCOVERY_EXTRA) "
                      "$ENV(PILOT_GPU_DISCOVERY_EXTRA:)",
-                     "SLOT_TYPE_1 = $(SLOT_TYPE_1), gpus=$(PILOT_GPUS)", "endif"]
+                     "SLOT_TYPE_1 = $(SLOT_TYPE_1), gpus=$(PILOT_GPUS)",
+                     "PILOT_GPU_START = $(PILOT_GPU_JOBS_FIRST)",
+                     "RANK = (TARGET.RequestGPUs ?: 0)",
+                     "STARTD_ATTRS = $(STARTD_ATTRS) RoomForCPUOnlyJobs", "endif"]
     # the partitionable slot it extends comes first
     assert text.index("SLOT_TYPE_1 = cpus=100%") < text.index("if $(PILOT_GPUS)")
 

@@ -159,6 +159,12 @@ def test_prototype_start_is_pilot_conf_start() -> None:
     assert start is not None
     text = start.group(1).replace("\\\n", " ")
     text = text.replace("$(PILOT_STOP_AT)", "PilotStopAt").replace("time()", "PilotStartTime")
+    # the GPU clause (a pilot with GPUs keeps their cores for GPU jobs) is not the
+    # prototype's: a CPU-only job's pilot asks for no GPUs (tests/unit/test_gpu_share.py)
+    text = " ".join(text.split())
+    gpu = " && $(PILOT_GPU_START)"
+    assert text.endswith(gpu)
+    text = text[:-len(gpu)]
     assert " ".join(text.split()) == " ".join(PILOT_START.split())
 
 
