@@ -50,7 +50,7 @@ from test_loop import (
     wait_for,
 )
 
-from provisioner.pilot.wrapper import read_stat
+from provisioner.pilot.procs import read_stat
 
 #: Caps of the testbed configuration (deploy/testbed/provisioner.yaml).
 CAPS = {"gsi": 1, "frankfurt": 2}
