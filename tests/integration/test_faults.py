@@ -52,7 +52,7 @@ from test_loop import (
     wait_for,
 )
 
-from provisioner.pilot.wrapper import read_stat
+from provisioner.pilot.procs import read_stat
 
 
 def caps_of(config: Path) -> dict[str, int]:

@@ -9,8 +9,8 @@ import pytest
 from provisioner.condor import pilot_ads_of, queue_view, startd_of
 from provisioner.config import parse_config
 from provisioner.model import JobShape, PilotState
+from provisioner.pilot.params import PilotError, local_config, params_from_env
 from provisioner.pilot.script import render_pilot_script
-from provisioner.pilot.wrapper import PilotError, local_config, params_from_env
 from provisioner.service import merge_pilots, pilot_state
 from provisioner.sites.base import PilotRequest, SiteJob, SiteJobState
 from provisioner.sites.slurm_cli import STATE_TABLE, SlurmCliBackend, parse_squeue

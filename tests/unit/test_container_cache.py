@@ -18,8 +18,9 @@ import pytest
 from provisioner.config import ConfigError, PilotRuntimeConfig, parse_config
 from provisioner.pilot import testcache
 from provisioner.pilot.containers import self_test_argv
+from provisioner.pilot.params import PilotError, params_from_env
 from provisioner.pilot.script import render_pilot_script
-from provisioner.pilot.wrapper import Pilot, PilotError, params_from_env
+from provisioner.pilot.wrapper import PilotRun
 from tests.unit.test_gpus import SITE_YAML
 from tests.unit.test_wrapper import ENV
 
@@ -211,7 +212,7 @@ class Node:
         """One pilot's enable_containers at `now`: (its outcome, its config file)."""
         config = self.tmp / "condor_config"
         config.write_text("")
-        pilot = Pilot(self.params, self.tmp / "work", config)
+        pilot = PilotRun(self.params, self.tmp / "work", config)
 
         def execute(argv: list[str]) -> tuple[int, str]:
             self.calls.append(argv)

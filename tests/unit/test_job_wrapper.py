@@ -4,14 +4,21 @@ particular no pilot's token, its own pilot's or another's on the same node."""
 
 from __future__ import annotations
 
-import shlex
 import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from provisioner.pilot.wrapper import JOB_WRAPPER, PID_NAMESPACE, PRIVATE_DIRS, covered_dirs
+from provisioner.pilot.workfiles import (
+    JOB_WRAPPER,
+    JOB_WRAPPER_SETTINGS,
+    PID_NAMESPACE,
+    PRIVATE_DIRS,
+    covered_dirs,
+    job_wrapper_settings,
+    source,
+)
 
 PROBE = """
 cat "$OTHER/tokens.d/pilot" 2>/dev/null && echo LEAK-other-token
@@ -24,9 +31,9 @@ touch /tmp/x && echo tmp-writable
 """
 
 
-def _node(tmp_path: Path) -> dict[str, Path]:
+def _node(tmp_path: Path, scratch_name: str = "scratch") -> dict[str, Path]:
     """Two pilots' work directories in one scratch directory, a job sandbox in each."""
-    scratch = tmp_path / "scratch"
+    scratch = tmp_path / scratch_name
     dirs = {"own": scratch / "pilot-gsi-1", "other": scratch / "pilot-gsi-2"}
     for d in dirs.values():
         for sub in PRIVATE_DIRS:
@@ -41,11 +48,12 @@ def _node(tmp_path: Path) -> dict[str, Path]:
 
 
 def _script(tmp_path: Path, node: dict[str, Path], cover: list[str],
-            pid: str = PID_NAMESPACE) -> Path:
-    script = tmp_path / "job-wrapper.sh"
-    script.write_text(JOB_WRAPPER.format(
-        pid=pid, hide=" ".join(shlex.quote(str(node["own"] / d)) for d in PRIVATE_DIRS),
-        cover=" ".join(shlex.quote(d) for d in cover)))
+            pid: bool = True) -> Path:
+    """The job wrapper as the pilot installs it: the script, its settings beside it."""
+    script = tmp_path / JOB_WRAPPER
+    script.write_text(source(JOB_WRAPPER))
+    (tmp_path / JOB_WRAPPER_SETTINGS).write_text(job_wrapper_settings(
+        [str(node["own"] / d) for d in PRIVATE_DIRS], cover, pid_namespace=pid))
     return script
 
 
@@ -88,6 +96,15 @@ def test_without_the_cover_the_other_pilots_token_leaks(tmp_path: Path,
     assert "LEAK-own-token" not in out  # the pilot's own directories stay hidden
 
 
+def test_directory_names_with_spaces_and_wildcards_are_covered(
+        tmp_path: Path, node: dict[str, Path]) -> None:
+    """The settings are data: a name is one directory, whatever it holds."""
+    odd = _node(tmp_path / "odd", "scr atch * [x]")
+    out = _run(tmp_path / "odd", odd, covered_dirs(odd["scratch"]))
+    assert "LEAK" not in out, out
+    assert out.split() == ["mine", "own-sandbox-ok", "sandbox-writable", "tmp-writable"]
+
+
 def test_covered_dirs() -> None:
     assert covered_dirs(Path("/tmp")) == ["/tmp", "/var/tmp", "/dev/shm"]
     assert covered_dirs(Path("/local/")) == ["/local", "/tmp", "/var/tmp", "/dev/shm"]
@@ -102,7 +119,7 @@ echo procs=$(ls -d /proc/[0-9]* | wc -l)
 """
 
 
-def _job(tmp_path: Path, node: dict[str, Path], payload: str, pid: str = PID_NAMESPACE,
+def _job(tmp_path: Path, node: dict[str, Path], payload: str, pid: bool = True,
          **env: str) -> subprocess.Popen[str]:
     script = _script(tmp_path, node, covered_dirs(node["scratch"]), pid)
     return subprocess.Popen(["/bin/sh", str(script), "/bin/sh", "-c", payload],
@@ -112,9 +129,9 @@ def _job(tmp_path: Path, node: dict[str, Path], payload: str, pid: str = PID_NAM
                             stderr=subprocess.PIPE, text=True)
 
 
-@pytest.mark.parametrize("pid", [PID_NAMESPACE, ""], ids=["pid-namespace", "switched-off"])
+@pytest.mark.parametrize("pid", [True, False], ids=["pid-namespace", "switched-off"])
 def test_a_job_can_neither_see_nor_signal_another_jobs_process(
-        tmp_path: Path, node: dict[str, Path], pid: str) -> None:
+        tmp_path: Path, node: dict[str, Path], pid: bool) -> None:
     """Another job's process of the same account: invisible with the PID namespace;
     with it switched off the probe sees and could signal it (the test can fail)."""
     other = subprocess.Popen(["sleep", "60"])

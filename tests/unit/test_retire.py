@@ -19,7 +19,9 @@ from bench.sim.world import World
 from provisioner.controller import Controller
 from provisioner.model import Action, JobShape, PilotState, Retire, Submit, Unretire
 from provisioner.pilot import wrapper
-from provisioner.pilot.wrapper import Pilot, params_from_env, starters_below
+from provisioner.pilot.params import params_from_env
+from provisioner.pilot.procs import starters_below
+from provisioner.pilot.wrapper import PilotRun
 from provisioner.sites.executor import CommandResult
 from provisioner.sites.slurm_cli import (
     RELEASE_SIGNAL,
@@ -88,7 +90,7 @@ def test_starters_are_counted_below_the_master_only(tmp_path: Path) -> None:
     assert starters_below(999, proc) == 0
 
 
-class Watched(Pilot):
+class Watched(PilotRun):
     """A pilot on a fake /proc (master 100, startd 101, one job's starter 102) whose
     container calls and master signals are recorded."""
 

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from provisioner.pilot import wrapper
-from provisioner.pilot.wrapper import Pilot, params_from_env
+from provisioner.pilot.params import params_from_env
+from provisioner.pilot.procs import descendants, has_ended, process_table
+from provisioner.pilot.wrapper import PilotRun
 
 ENV = {
     "PILOT_SITE": "gsi", "PILOT_PROVISIONER_ID": "t", "PILOT_COLLECTOR": "cm:9618",
@@ -30,7 +32,7 @@ def test_logs_are_copied_back_but_never_a_core_dump(tmp_path: Path) -> None:
     (logs / "StartLog").write_text("started\n")
     (logs / "core").write_bytes(b"memory with a token")
     (logs / "core.12345").write_bytes(b"memory with a token")
-    Pilot(params, workdir, workdir / "condor_config").copy_logs()
+    PilotRun(params, workdir, workdir / "condor_config").copy_logs()
     copied = sorted(p.name for p in (tmp_path / "logs" / params.name).iterdir())
     assert copied == ["StartLog"]
 
@@ -52,12 +54,12 @@ def test_descendants_and_ended_processes_from_proc(tmp_path: Path) -> None:
     proc = _node_proc(tmp_path, {
         10: ("python3", "S", 1), 11: ("starter) (x", "S", 10), 12: ("condor_master", "Z", 11),
         13: ("squashfuse_ll", "S", 11), 14: ("sleep", "S", 13), 20: ("other", "S", 1)})
-    table = wrapper.process_table(proc)
-    assert wrapper.descendants(10, table) == [11, 12, 13, 14]
-    assert wrapper.descendants(20, table) == []
-    assert wrapper.has_ended(12, proc)  # a zombie has ended
-    assert wrapper.has_ended(99, proc)  # gone
-    assert not wrapper.has_ended(13, proc)
+    table = process_table(proc)
+    assert descendants(10, table) == [11, 12, 13, 14]
+    assert descendants(20, table) == []
+    assert has_ended(12, proc)  # a zombie has ended
+    assert has_ended(99, proc)  # gone
+    assert not has_ended(13, proc)
 
 
 class _Node:
@@ -65,7 +67,7 @@ class _Node:
     "master" (sleep MASTER_S, its pid in the pidfile) and a process that outlives it."""
 
     def __init__(self, tmp_path: Path, master_s: float) -> None:
-        self.pilot = Pilot(params_from_env(ENV, 0.0), tmp_path / "work", tmp_path / "cfg")
+        self.pilot = PilotRun(params_from_env(ENV, 0.0), tmp_path / "work", tmp_path / "cfg")
         self.pilot.pidfile.parent.mkdir(parents=True)
         self.shell = subprocess.Popen(
             ["sh", "-c", f'sleep {master_s} & echo $! > "$1"; sleep 60 & wait', "node",
@@ -76,7 +78,7 @@ class _Node:
     def close(self) -> None:
         self.pilot.ended.set()
         self.thread.join(10)
-        for pid in wrapper.descendants(self.shell.pid, wrapper.process_table()):
+        for pid in descendants(self.shell.pid, process_table()):
             os.kill(pid, signal.SIGKILL)
         self.shell.wait(10)
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from provisioner.pilot import wrapper
+from provisioner.pilot import params, workfiles, wrapper
 from provisioner.xcache import cache_url, excluded_domains, host_of, proxy_environment
 
 CACHE = "root://fra-cache:1094"
@@ -57,8 +57,8 @@ def test_host_of() -> None:
         host_of("https://a/b")
 
 
-def _params(tmp_path: Path, xcache: str | None) -> wrapper.PilotParams:
-    return wrapper.PilotParams(
+def _params(tmp_path: Path, xcache: str | None) -> params.PilotParams:
+    return params.PilotParams(
         site="frankfurt", provisioner_id="p", collector="cm:9618", uid_domain="d",
         image="/img.sif", token_file=tmp_path / "t", condor_config=tmp_path / "c",
         job_id="7", cpus=4, memory_mb=8000, walltime_end=10_000, shutdown_margin_s=60,
@@ -67,7 +67,7 @@ def _params(tmp_path: Path, xcache: str | None) -> wrapper.PilotParams:
 
 
 def test_pilot_gives_every_job_the_proxy_environment(tmp_path: Path) -> None:
-    conf = wrapper.local_config(_params(tmp_path, CACHE), tmp_path / "w")
+    conf = params.local_config(_params(tmp_path, CACHE), tmp_path / "w")
     line = next(x for x in conf.splitlines() if x.startswith("STARTER_JOB_ENVIRONMENT"))
     assert "XRD_PLUGIN=libXrdClProxyPlugin-5.so" in line
     assert "XROOT_PROXY=root://fra-cache:1094//" in line
@@ -79,8 +79,8 @@ def test_pilot_gives_every_job_the_proxy_environment(tmp_path: Path) -> None:
 
 def test_pilot_without_cache_sets_no_proxy(tmp_path: Path) -> None:
     p = _params(tmp_path, None)
-    assert "XROOT_PROXY" not in wrapper.local_config(p, tmp_path)
-    assert wrapper.container_env(p) == {}
+    assert "XROOT_PROXY" not in params.local_config(p, tmp_path)
+    assert params.container_env(p) == {}
 
 
 def test_params_read_the_exclusions(tmp_path: Path) -> None:
@@ -88,7 +88,7 @@ def test_params_read_the_exclusions(tmp_path: Path) -> None:
            "PILOT_UID_DOMAIN": "d", "PILOT_IMAGE": "/i", "PILOT_TOKEN_FILE": "/t",
            "PILOT_CONDOR_CONFIG": "/c", "SLURM_JOB_ID": "1", "PILOT_WALLTIME_S": "60",
            "PILOT_XCACHE": CACHE, "PILOT_XCACHE_EXCLUDE": "a.org,b"}
-    assert wrapper.params_from_env(env, 0).xcache_exclude == ("a.org", "b")
+    assert params.params_from_env(env, 0).xcache_exclude == ("a.org", "b")
 
 
 def _run_plugin(tmp_path: Path, job_ad: str | None) -> str:
@@ -99,7 +99,7 @@ def _run_plugin(tmp_path: Path, job_ad: str | None) -> str:
     fake.write_text('#!/bin/sh\necho "args=$*"\necho "proxy=${XROOT_PROXY:-none}"\n')
     fake.chmod(0o755)
     plugin = tmp_path / "xrootd-transfer"
-    plugin.write_text(wrapper.TRANSFER_PLUGIN_SCRIPT)
+    plugin.write_text(workfiles.source(workfiles.TRANSFER_PLUGIN))
     plugin.chmod(0o755)
     env = {"PATH": f"{bindir}:/usr/bin:/bin", **proxy_environment(CACHE)}
     if job_ad is not None:
@@ -112,7 +112,7 @@ def _run_plugin(tmp_path: Path, job_ad: str | None) -> str:
 
 def test_transfer_plugin_describes_itself(tmp_path: Path) -> None:
     plugin = tmp_path / "p"
-    plugin.write_text(wrapper.TRANSFER_PLUGIN_SCRIPT)
+    plugin.write_text(workfiles.source(workfiles.TRANSFER_PLUGIN))
     plugin.chmod(0o755)
     out = subprocess.run([str(plugin), "-classad"], capture_output=True, text=True, check=True)
     assert 'SupportedMethods = "root"' in out.stdout.splitlines()
@@ -130,7 +130,7 @@ def test_transfer_plugin_honours_the_opt_out(tmp_path: Path) -> None:
 
 def test_job_wrapper_opt_out_unsets_the_proxy(tmp_path: Path) -> None:
     """The opt-out part of the job wrapper, run up to the namespace step."""
-    head = wrapper.JOB_WRAPPER.format(pid="", hide="", cover="").split("ns=; pending=", 1)[0]
+    head = workfiles.source(workfiles.JOB_WRAPPER).split("ns=; pending=", 1)[0]
     script = head + 'echo "proxy=${XROOT_PROXY:-none} plugin=${XRD_PLUGIN:-none}"\n'
     ad = tmp_path / "job.ad"
     base = {"PATH": "/usr/bin:/bin", **proxy_environment(CACHE), "_CONDOR_JOB_AD": str(ad)}
@@ -145,17 +145,17 @@ def test_job_wrapper_opt_out_unsets_the_proxy(tmp_path: Path) -> None:
 
 
 def test_pilot_binds_the_sites_shared_directories_read_only(tmp_path: Path) -> None:
-    p = wrapper.PilotParams(**{**_params(tmp_path, CACHE).__dict__, "bind": ("/srv/shared",)})
-    pilot = wrapper.Pilot(p, tmp_path / "w", tmp_path / "w" / "condor_config")
+    p = params.PilotParams(**{**_params(tmp_path, CACHE).__dict__, "bind": ("/srv/shared",)})
+    pilot = wrapper.PilotRun(p, tmp_path / "w", tmp_path / "w" / "condor_config")
     assert pilot._binds() == [str(tmp_path / "w"), "/srv/shared:/srv/shared:ro"]
     env = {"PILOT_SITE": "s", "PILOT_PROVISIONER_ID": "p", "PILOT_COLLECTOR": "cm",
            "PILOT_UID_DOMAIN": "d", "PILOT_IMAGE": "/i", "PILOT_TOKEN_FILE": "/t",
            "PILOT_CONDOR_CONFIG": "/c", "SLURM_JOB_ID": "1", "PILOT_WALLTIME_S": "60",
            "PILOT_BIND": "/a,/b/c"}
-    assert wrapper.params_from_env(env, 0).bind == ("/a", "/b/c")
+    assert params.params_from_env(env, 0).bind == ("/a", "/b/c")
 
 
 def test_a_cache_value_cannot_inject_into_the_pilot_config(tmp_path: Path) -> None:
     p = _params(tmp_path, CACHE + "$(LIB)\nSTART = True")
-    conf = wrapper.local_config(p, tmp_path / "w")
+    conf = params.local_config(p, tmp_path / "w")
     assert "$(LIB)" not in conf and "\nSTART = True" not in conf, conf

@@ -1,0 +1,163 @@
+"""The pilot's parameters and its own HTCondor configuration.
+
+Parameters come from ``PILOT_*`` environment variables set by the batch script
+(slurm_templates/) and from SLURM's own environment (job id, cores, memory, end
+time); the configuration of this one pilot follows from them and its work directory.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from provisioner.pilot import testcache
+from provisioner.pilot.containers import config_string
+from provisioner.pilot.workfiles import JOB_WRAPPER, TRANSFER_PLUGIN
+from provisioner.xcache import proxy_environment
+
+
+class PilotError(Exception):
+    """The pilot cannot start; the message names the missing or bad setting."""
+
+
+@dataclass(frozen=True)
+class PilotParams:
+    site: str
+    provisioner_id: str
+    collector: str
+    uid_domain: str
+    image: str
+    token_file: Path
+    condor_config: Path
+    job_id: str
+    cpus: int
+    memory_mb: int
+    walltime_end: int
+    shutdown_margin_s: int
+    noclaim_shutdown_s: int
+    start_delay_max_s: int
+    scratch: Path
+    log_dir: Path | None
+    xcache: str | None
+    xcache_exclude: tuple[str, ...] = ()
+    bind: tuple[str, ...] = ()
+    containers: bool = False
+    container_test_image: str = ""
+    #: How long a passed start-up test counts on its node (0: it always runs).
+    container_test_cache_s: int = testcache.DEFAULT_TTL_S
+    payload_image: str = ""
+
+    @property
+    def name(self) -> str:
+        """Daemon name of this pilot's master and startd (unique per site job)."""
+        return f"pilot-{self.site}-{self.job_id}@{socket.gethostname()}"
+
+
+def _env(env: dict[str, str], key: str) -> str:
+    value = env.get(key, "")
+    if not value:
+        raise PilotError(f"environment variable {key} is not set")
+    return value
+
+
+def _int_env(env: dict[str, str], key: str, default: int | None = None) -> int:
+    raw = env.get(key)
+    if raw in (None, ""):
+        if default is None:
+            raise PilotError(f"environment variable {key} is not set")
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise PilotError(f"environment variable {key}={raw!r} is not an integer") from None
+
+
+def params_from_env(env: dict[str, str], now: float) -> PilotParams:
+    """Read the pilot's parameters from the batch script's and SLURM's environment."""
+    cpus = _int_env(env, "SLURM_CPUS_ON_NODE", _int_env(env, "SLURM_CPUS_PER_TASK", 1))
+    mem = _int_env(env, "SLURM_MEM_PER_NODE", 0)
+    if mem <= 0:
+        mem = cpus * _int_env(env, "SLURM_MEM_PER_CPU", 1024)
+    walltime_end = _int_env(env, "SLURM_JOB_END_TIME", 0)
+    if walltime_end <= 0:
+        walltime_end = int(now) + _int_env(env, "PILOT_WALLTIME_S")
+    log_dir = env.get("PILOT_LOG_DIR") or None
+    return PilotParams(
+        site=_env(env, "PILOT_SITE"),
+        provisioner_id=_env(env, "PILOT_PROVISIONER_ID"),
+        collector=_env(env, "PILOT_COLLECTOR"),
+        uid_domain=_env(env, "PILOT_UID_DOMAIN"),
+        image=_env(env, "PILOT_IMAGE"),
+        token_file=Path(_env(env, "PILOT_TOKEN_FILE")),
+        condor_config=Path(_env(env, "PILOT_CONDOR_CONFIG")),
+        job_id=_env(env, "SLURM_JOB_ID"),
+        cpus=cpus,
+        memory_mb=mem,
+        walltime_end=walltime_end,
+        shutdown_margin_s=_int_env(env, "PILOT_SHUTDOWN_MARGIN_S", 120),
+        noclaim_shutdown_s=_int_env(env, "PILOT_NOCLAIM_SHUTDOWN_S", 1200),
+        start_delay_max_s=_int_env(env, "PILOT_START_DELAY_MAX_S", 0),
+        scratch=Path(env.get("PILOT_SCRATCH") or env.get("TMPDIR") or "/tmp"),
+        log_dir=Path(log_dir) if log_dir else None,
+        xcache=env.get("PILOT_XCACHE") or None,
+        xcache_exclude=tuple(d for d in env.get("PILOT_XCACHE_EXCLUDE", "").split(",") if d),
+        bind=tuple(d for d in env.get("PILOT_BIND", "").split(",") if d),
+        containers=env.get("PILOT_CONTAINERS", "0") == "1",
+        container_test_image=env.get("PILOT_CONTAINER_TEST_IMAGE") or env.get("PILOT_IMAGE", ""),
+        container_test_cache_s=_int_env(env, "PILOT_CONTAINER_TEST_CACHE_S",
+                                        testcache.DEFAULT_TTL_S),
+        payload_image=env.get("PILOT_PAYLOAD_IMAGE", ""),
+    )
+
+
+def local_config(p: PilotParams, workdir: Path) -> str:
+    """The HTCondor settings of this one pilot (appended after pilot.conf)."""
+    host = p.collector.rsplit(":", 1)[0]
+    lines = {
+        "CONDOR_HOST": host,
+        "COLLECTOR_HOST": p.collector,
+        "UID_DOMAIN": p.uid_domain,
+        "TRUST_DOMAIN": p.uid_domain,
+        # Jobs never share a file system with the submit host: transfer files.
+        "FILESYSTEM_DOMAIN": p.name,
+        "MASTER_NAME": p.name,
+        "STARTD_NAME": p.name,
+        "LOCAL_DIR": str(workdir / "local"),
+        "LOG": str(workdir / "local" / "log"),
+        "SPOOL": str(workdir / "local" / "spool"),
+        "EXECUTE": str(workdir / "local" / "execute"),
+        "LOCK": str(workdir / "local" / "lock"),
+        "RUN": str(workdir / "local" / "run"),
+        "SEC_TOKEN_DIRECTORY": str(workdir / "tokens.d"),
+        "SEC_PASSWORD_DIRECTORY": str(workdir / "passwords.d"),
+        # FS authentication between the pilot's own processes happens here, not
+        # in /tmp, so that a payload (hidden from this directory) cannot use it.
+        "FS_LOCAL_DIR": str(workdir / "fsauth"),
+        "USER_JOB_WRAPPER": str(workdir / JOB_WRAPPER),
+        "NUM_CPUS": str(p.cpus),
+        "MEMORY": str(p.memory_mb),
+        "PILOT_SHUTDOWN_MARGIN": str(p.shutdown_margin_s),
+        "PILOT_NOCLAIM_SHUTDOWN": str(p.noclaim_shutdown_s),
+        "PilotSite": config_string(p.site),
+        "PilotSlurmJobId": config_string(p.job_id),
+        "PilotProvisionerId": config_string(p.provisioner_id),
+        "PilotWalltimeEnd": str(p.walltime_end),
+    }
+    if p.xcache:
+        # Every job reads root:// URLs through the site's cache (the XRootD client
+        # proxy plugin), and so does HTCondor's own transfer of root:// input files.
+        lines["PilotXCache"] = config_string(p.xcache)
+        lines["STARTD_ATTRS"] = "$(STARTD_ATTRS) PilotXCache"
+        env = proxy_environment(p.xcache, p.xcache_exclude)
+        lines["STARTER_JOB_ENVIRONMENT"] = config_string(
+            " ".join(f"{k}={v}" for k, v in env.items()))
+    # root:// input files: xrdcp, through the cache where the site has one.
+    lines["FILETRANSFER_PLUGINS"] = f"$(FILETRANSFER_PLUGINS) {workdir / TRANSFER_PLUGIN}"
+    return "".join(f"{k} = {v}\n" for k, v in lines.items())
+
+
+def container_env(p: PilotParams) -> dict[str, str]:
+    """Environment of the pilot's daemons in the container (besides CONDOR_CONFIG):
+    the cache's proxy settings, which the root:// transfer plugin inherits."""
+    return proxy_environment(p.xcache, p.xcache_exclude) if p.xcache else {}
