@@ -7,7 +7,7 @@ TESTBED := deploy/testbed/testbed
 # Run pytest, treating "no tests collected" (exit 5) as the failure it is.
 PYTEST_STRICT = rc=0; $(1) || rc=$$?; if [ $$rc -eq 5 ]; then echo "error: no tests collected by: $(1)" >&2; exit 1; fi; exit $$rc
 
-.PHONY: test unit integration lint bench bench-overhead bench-report bench-scale bench-small demo campaign testbed testbed-status clean-testbed venv
+.PHONY: test test-fast unit integration lint bench bench-overhead bench-report bench-scale bench-small demo campaign testbed testbed-status clean-testbed venv
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -16,6 +16,14 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 test: unit integration
+
+# For development: the unit tests and one smoke test through the testbed (a testbed
+# that is up, the testbed's own checks, then 8 jobs on pilots at both sites): about 5
+# minutes once the testbed is built.
+SMOKE := /src/tests/integration/test_testbed.py \
+	/src/tests/integration/test_loop.py::test_jobs_run_on_pilots_at_both_sites_then_pilots_are_released
+test-fast: unit testbed
+	@$(call PYTEST_STRICT,$(TESTBED) exec -- pytest -q -p no:cacheprovider $(SMOKE))
 
 unit: venv
 	@$(call PYTEST_STRICT,$(VENV)/bin/pytest -q tests/unit)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,7 +19,15 @@ from pathlib import Path
 
 import htcondor2 as htcondor
 import pytest
-from conftest import SITES, WORKERS, kill_pilot_processes, run, service_config, slurm
+from conftest import (
+    SITES,
+    WORKERS,
+    kill_pilot_processes,
+    pilot_process_count,
+    run,
+    service_config,
+    slurm,
+)
 from servicectl import Service, service_dir, write_config
 
 from provisioner.config import Config
@@ -79,12 +88,34 @@ def clean_pool() -> None:
     except AssertionError:
         # No SLURM job is left, so what still advertises is an orphan (a node lost
         # and back, a test that failed midway) or a dead pilot's stale ad: end the
-        # one, outwait the other (ad lifetime plus one sweep), so that a failed test
-        # does not fail the ones after it.
+        # one, drop the other, so that a failed test does not fail the ones after it.
         print(f"clean_pool: pilot ads without SLURM jobs: {pilot_ad_ages()}; killed "
               f"{sum(kill_pilot_processes(h) for s in SITES for h in WORKERS[s])} "
               "orphaned pilot processes")
-        wait_for("no pilot startds left", lambda: not pilot_startds(), 300, step=5)
+        wait_for("no pilot process on any worker", lambda: not pilot_process_counts(), 60)
+        drop_dead_pilot_ads()
+        wait_for("no pilot startds left", lambda: not pilot_startds(), 30)
+
+
+def pilot_process_counts() -> dict[str, int]:
+    """Workers where the pilot account still has processes: how many."""
+    counts = {h: pilot_process_count(h) for s in SITES for h in WORKERS[s]}
+    return {h: n for h, n in counts.items() if n}
+
+
+def drop_dead_pilot_ads() -> list[str]:
+    """Invalidate every pilot ad in the collector, as the pool's administrator would
+    for pilots known dead (no SLURM job, no process on any worker: the caller checks):
+    the collector would keep a dead startd's ads for its ad lifetime (120 s here) plus
+    up to one sweep. The names dropped."""
+    names = sorted(str(ad["Name"]) for ad in pilot_startds())
+    if names:
+        query = Path(tempfile.mkdtemp(prefix="invalidate.")) / "query.ad"
+        query.write_text('MyType = "Query"\nTargetType = "Machine"\n'
+                         'Requirements = PilotProvisionerId =?= "testbed"\n')
+        run(["condor_advertise", "INVALIDATE_STARTD_ADS", str(query)], env=ADMIN)
+        shutil.rmtree(query.parent)
+    return names
 
 
 def pilot_ad_ages() -> dict[str, int]:
