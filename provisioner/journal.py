@@ -283,6 +283,11 @@ class Journal:
                             int(r[6] or 0), r[7], r[8], r[9], int(r[10] or 0))
                 for r in self.db.execute(sql + " ORDER BY site, submit_at", args)]
 
+    def known_pilots(self, keys: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
+        """Of the (site, job id) pairs, those the journal has a pilot record of."""
+        return {k for k in set(keys) if self.db.execute(
+            "SELECT 1 FROM pilots WHERE site = ? AND job_id = ?", k).fetchone()}
+
     def add_pilot_records(self, records: Iterable[PilotRecord], source: str) -> None:
         """Store whole pilot records (an import, e.g. from the simulator), replacing any
         with the same site and job id; `source` goes into end_source of ended ones."""

@@ -166,5 +166,9 @@ class Ledger:
             return 0
         added = self.journal.new_job_runs(runs)
         self.journal.put("history_after", max(after, max(r.end_at for r in runs)))
-        self.metrics.gpu_hours([], added)
+        # GPU-hours of GPU jobs on this provisioner's pilots (a fresh journal reads a
+        # day of history: runs on pilots it never saw are not its allocation's)
+        gpu_runs = [r for r in added if r.gpus > 0 and r.site]
+        ours = self.journal.known_pilots((r.site, r.pilot_job_id) for r in gpu_runs)
+        self.metrics.gpu_hours([], [r for r in gpu_runs if (r.site, r.pilot_job_id) in ours])
         return len(added)

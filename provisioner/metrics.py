@@ -40,8 +40,9 @@ SERIES: dict[str, tuple[str, tuple[str, ...], str]] = {
                                       "GPU-hours of the pilots that ended (GPUs x SLURM "
                                       "life), added when the journal records the end"),
     P + "gpu_hours_claimed_total": ("counter", ("site",),
-                                    "GPU-hours claimed by GPU jobs (RequestGPUs x wall), "
-                                    "added when the run is read from the schedd's history"),
+                                    "GPU-hours claimed by GPU jobs on the provisioner's "
+                                    "pilots (RequestGPUs x wall), added when the run is "
+                                    "read from the schedd's history"),
     P + "pilots_submitted_total": ("counter", ("site",), "Pilots submitted"),
     P + "pilots_released_total": ("counter", ("site",), "Releases sent to idle pilots"),
     P + "pilots_cancelled_total": ("counter", ("site",), "Pilot jobs cancelled"),

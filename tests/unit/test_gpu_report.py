@@ -145,7 +145,8 @@ def test_service_exposes_gpus_and_gpu_hours() -> None:
     assert value("provisioner_claimed_gpus", site="gsi") == 1
     assert value("provisioner_allocated_gpus", site="fra") == 0
     # its GPU job ends (1 GPU for 1 h), then the pilot leaves squeue 2 h after its start
-    pool.runs = [gpu_run("7", start, start + H, gpus=1)]
+    pool.runs = [gpu_run("7", start, start + H, gpus=1),
+                 gpu_run("99", start, start + H, gpus=1, job="9.0")]  # not our pilot
     backends["gsi"].jobs = []
     pool.ads = {}
     prov.run_cycle()
@@ -155,4 +156,4 @@ def test_service_exposes_gpus_and_gpu_hours() -> None:
     prov.run_cycle()  # counted once
     assert value("provisioner_gpu_hours_claimed_total", site="gsi") == 1.0
     assert prov.journal.pilots(site="gsi")[0].gpus == 2
-    assert prov.journal.job_runs()[0].gpus == 1
+    assert [r.gpus for r in prov.journal.job_runs()] == [1, 1]
