@@ -2,7 +2,7 @@
 Prometheus series as the testbed's Prometheus server scraped them, and the
 accounting report of a scripted run whose answer is known in advance (two 1-core
 jobs that keep a core busy for 40 s each, at the GSI site); each pilot's end is the one
-its own end record states."""
+its own end record states; and a GPU job's GPU-hours, claimed and allocated, in both."""
 
 from __future__ import annotations
 
