@@ -17,7 +17,10 @@ Per site and day (intervals that cross midnight UTC are split):
 - E1, job-start efficiency as STAR defined it: 1 - (time before the first job
   start) / (pilot life), aggregated core-weighted: 1 - start-up / allocated;
 - E2, CPU efficiency: CPU time / (wall x cores) of the jobs (the share within the day);
-- total efficiency: claimed / allocated.
+- total efficiency: claimed / allocated;
+- GPU-hours: allocated = the pilot's GPUs x its life; claimed = GPUs of the GPU jobs
+  running on it (RequestGPUs), clipped to its life and to its GPUs; GPU efficiency =
+  claimed / allocated, None (shown "-") where no pilot held a GPU.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ class PilotRecord:
     join_at: float | None = None  # first seen in the pool
     end_source: str | None = None  # "record" (the pilot's end record), "squeue", ...
     end_reason: str | None = None  # why it ended, from its end record
+    gpus: int = 0  # GPUs SLURM gave it (asked for, while pending)
 
     @property
     def key(self) -> str:
@@ -63,6 +67,7 @@ class JobRun:
     start_at: float
     end_at: float
     cpu_s: float = 0.0  # RemoteUserCpu + RemoteSysCpu
+    gpus: int = 0  # RequestGPUs
 
     @property
     def pilot_key(self) -> str:
@@ -87,6 +92,8 @@ class SiteDay:
     tail: float = 0.0
     cpu: float = 0.0  # CPU core-h of the jobs
     job_wall: float = 0.0  # cores x wall of the same jobs, core-h
+    allocated_gpu: float = 0.0  # GPU-h of the pilots
+    claimed_gpu: float = 0.0  # GPU-h claimed by GPU jobs
 
     @property
     def idle(self) -> float:
@@ -104,9 +111,15 @@ class SiteDay:
     def total(self) -> float | None:
         return self.claimed / self.allocated if self.allocated > 0 else None
 
+    @property
+    def gpu_efficiency(self) -> float | None:
+        """GPU-hours claimed by GPU jobs / GPU-hours allocated; None without GPUs."""
+        return self.claimed_gpu / self.allocated_gpu if self.allocated_gpu > 0 else None
+
     def add(self, other: SiteDay) -> None:
         self.pilots |= other.pilots
-        for name in ("allocated", "claimed", "startup", "between", "tail", "cpu", "job_wall"):
+        for name in ("allocated", "claimed", "startup", "between", "tail", "cpu", "job_wall",
+                     "allocated_gpu", "claimed_gpu"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
@@ -134,14 +147,20 @@ class Segment:
     phase: str  # "startup", "between", "tail" (where its idle cores go)
 
 
+def _life(pilot: PilotRecord, now: float) -> tuple[float, float] | None:
+    """[start, end or now) of a pilot that started; None if it never did or lived 0 s."""
+    if pilot.start_at is None:
+        return None
+    end = pilot.end_at if pilot.end_at is not None else max(now, pilot.start_at)
+    return (pilot.start_at, end) if end > pilot.start_at else None
+
+
 def segments(pilot: PilotRecord, runs: Iterable[JobRun], now: float) -> list[Segment]:
     """The pilot's life [start, end or now) cut where its claimed cores change."""
-    if pilot.start_at is None:
+    life = _life(pilot, now)
+    if life is None:
         return []
-    start = pilot.start_at
-    end = pilot.end_at if pilot.end_at is not None else max(now, start)
-    if end <= start:
-        return []
+    start, end = life
     clipped = [(max(r.start_at, start), min(r.end_at, end), r.cores) for r in runs]
     clipped = [(a, b, c) for a, b, c in clipped if b > a and c > 0]
     if not clipped:
@@ -159,6 +178,28 @@ def segments(pilot: PilotRecord, runs: Iterable[JobRun], now: float) -> list[Seg
         used += deltas[t0]
         phase = "startup" if t1 <= first else "tail" if t0 >= last else "between"
         out.append(Segment(t0, t1, min(used, pilot.cores), phase))
+    return out
+
+
+def gpu_segments(pilot: PilotRecord, runs: Iterable[JobRun],
+                 now: float) -> list[tuple[float, float, int]]:
+    """The life of a pilot with GPUs cut where the GPUs its GPU jobs claim change:
+    (t0, t1, claimed GPUs, at most the pilot's); [] for a pilot without GPUs."""
+    life = _life(pilot, now)
+    if life is None or pilot.gpus <= 0:
+        return []
+    start, end = life
+    deltas: dict[float, int] = {start: 0, end: 0}
+    for r in runs:
+        a, b = max(r.start_at, start), min(r.end_at, end)
+        if b > a and r.gpus > 0:
+            deltas[a] = deltas.get(a, 0) + r.gpus
+            deltas[b] = deltas.get(b, 0) - r.gpus
+    out = []
+    used = 0
+    for t0, t1 in itertools.pairwise(sorted(deltas)):
+        used += deltas[t0]
+        out.append((t0, t1, min(used, pilot.gpus)))
     return out
 
 
@@ -190,6 +231,11 @@ def site_days(pilots: Iterable[PilotRecord], runs: Iterable[JobRun],
                 r.allocated += alloc
                 r.claimed += claim
                 setattr(r, seg.phase, getattr(r, seg.phase) + alloc - claim)
+        for t0, t1, used in gpu_segments(p, mine, now):
+            for day, a, b in split_days(t0, t1):
+                r = row(p.site, day)
+                r.allocated_gpu += p.gpus * (b - a) / HOUR_S
+                r.claimed_gpu += used * (b - a) / HOUR_S
         if p.start_at is None:
             continue
         life_end = p.end_at if p.end_at is not None else max(now, p.start_at)
@@ -217,27 +263,42 @@ def core_timeline(pilots: Iterable[PilotRecord], runs: Iterable[JobRun], now: fl
                   step_s: float) -> dict[str, list[tuple[float, int, int]]]:
     """Per site, (time, allocated cores, claimed cores) sampled every `step_s` (for plots)."""
     by_pilot = _runs_by_pilot(runs)
-    segs: dict[str, list[tuple[Segment, int]]] = {}
+    pieces: dict[str, list[tuple[float, float, int, int]]] = {}
     for p in pilots:
         for s in segments(p, by_pilot.get(p.key, []), now):
-            segs.setdefault(p.site, []).append((s, p.cores))
-    out: dict[str, list[tuple[float, int, int]]] = {}
-    for site, items in sorted(segs.items()):
-        t0 = min(s.t0 for s, _c in items)
-        t1 = max(s.t1 for s, _c in items)
-        n = int((t1 - t0) // step_s) + 1
-        alloc = [0] * (n + 1)
-        claim = [0] * (n + 1)
-        for s, cores in items:
-            for i in range(int((s.t0 - t0) // step_s), n + 1):
-                t = t0 + i * step_s
-                if t >= s.t1:
-                    break
-                if t >= s.t0:
-                    alloc[i] += cores
-                    claim[i] += s.used
-        out[site] = [(t0 + i * step_s, alloc[i], claim[i]) for i in range(n + 1)]
-    return out
+            pieces.setdefault(p.site, []).append((s.t0, s.t1, p.cores, s.used))
+    return {site: _sample(items, step_s) for site, items in sorted(pieces.items())}
+
+
+def gpu_timeline(pilots: Iterable[PilotRecord], runs: Iterable[JobRun], now: float,
+                 step_s: float) -> dict[str, list[tuple[float, int, int]]]:
+    """Per site whose pilots held GPUs, (time, allocated GPUs, GPUs claimed by GPU jobs)
+    sampled every `step_s` (for plots)."""
+    by_pilot = _runs_by_pilot(runs)
+    pieces: dict[str, list[tuple[float, float, int, int]]] = {}
+    for p in pilots:
+        for t0, t1, used in gpu_segments(p, by_pilot.get(p.key, []), now):
+            pieces.setdefault(p.site, []).append((t0, t1, p.gpus, used))
+    return {site: _sample(items, step_s) for site, items in sorted(pieces.items())}
+
+
+def _sample(items: list[tuple[float, float, int, int]],
+            step_s: float) -> list[tuple[float, int, int]]:
+    """(t0, t1, allocated, claimed) pieces summed at every `step_s` from the first start."""
+    t0 = min(i[0] for i in items)
+    t1 = max(i[1] for i in items)
+    n = int((t1 - t0) // step_s) + 1
+    alloc = [0] * (n + 1)
+    claim = [0] * (n + 1)
+    for a, b, held, used in items:
+        for i in range(int((a - t0) // step_s), n + 1):
+            t = t0 + i * step_s
+            if t >= b:
+                break
+            if t >= a:
+                alloc[i] += held
+                claim[i] += used
+    return [(t0 + i * step_s, alloc[i], claim[i]) for i in range(n + 1)]
 
 
 def percentile(values: list[float], q: float) -> float | None:

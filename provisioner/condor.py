@@ -42,7 +42,7 @@ SLOT_ATTRS = ["Name", "Machine", "PilotSite", "PilotSlurmJobId",
 #: What a finished job's history ad gives the accounting. MachineAttr*0 are the pilot's
 #: attributes copied into the job ad when the schedd has
 #: `SYSTEM_JOB_MACHINE_ATTRS = PilotSite PilotSlurmJobId` (condor_config/central-manager.conf).
-HISTORY_ATTRS = ["ClusterId", "ProcId", "Owner", "JobStatus", "RequestCpus",
+HISTORY_ATTRS = ["ClusterId", "ProcId", "Owner", "JobStatus", "RequestCpus", "RequestGPUs",
                  "JobCurrentStartDate", "JobStartDate", "CompletionDate",
                  "EnteredCurrentStatus", "RemoteUserCpu", "RemoteSysCpu",
                  "MachineAttrPilotSite0", "MachineAttrPilotSlurmJobId0"]
@@ -172,7 +172,7 @@ def job_run_of(ad: Any) -> JobRun | None:
         pilot_job_id=_str(ad, "MachineAttrPilotSlurmJobId0")
         or str(_int(ad, "MachineAttrPilotSlurmJobId0") or ""),
         cores=max(1, _int(ad, "RequestCpus", 1)), start_at=float(start), end_at=float(end),
-        cpu_s=cpu)
+        cpu_s=cpu, gpus=max(0, _int(ad, "RequestGPUs", 0)))
 
 
 def history_constraint(after: float) -> str:

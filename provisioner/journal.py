@@ -3,8 +3,9 @@ for `provisioner status`, and the accounting records (`pilots` from `squeue`,
 `job_runs` from the schedd's history). A cache, never the only copy: after a restart
 the service rebuilds its picture from SLURM and the collector.
 
-Schema versions: 1 (cycles, actions, state), 2 (+ pilots, job_runs) and 3 (pilots'
-`end_reason`; `end_source` "record" or "squeue", formerly "squeue-gone"). A journal of
+Schema versions: 1 (cycles, actions, state), 2 (+ pilots, job_runs), 3 (pilots'
+`end_reason`; `end_source` "record" or "squeue", formerly "squeue-gone") and 4 (`gpus`
+of pilots and job runs; 0 in rows an older version wrote). A journal of
 an older version is upgraded in place when opened; one of a newer version is refused
 (`JournalError`) rather than written with a schema this code does not know.
 
@@ -27,7 +28,7 @@ from typing import Any
 from provisioner.accounting import JobRun, PilotRecord
 from provisioner.pilot.endrecord import EndRecord
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS cycles (
@@ -40,11 +41,11 @@ CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value TEXT);
 CREATE TABLE IF NOT EXISTS pilots (
     site TEXT NOT NULL, job_id TEXT NOT NULL, cores INTEGER, memory_mb INTEGER,
     submit_at REAL, start_at REAL, join_at REAL, end_at REAL, end_source TEXT,
-    end_reason TEXT, PRIMARY KEY (site, job_id));
+    end_reason TEXT, gpus INTEGER, PRIMARY KEY (site, job_id));
 CREATE TABLE IF NOT EXISTS job_runs (
     job_id TEXT NOT NULL, start_at REAL NOT NULL, owner TEXT, site TEXT,
     pilot_job_id TEXT, cores INTEGER, end_at REAL, wall_s REAL, cpu_s REAL,
-    PRIMARY KEY (job_id, start_at));
+    gpus INTEGER, PRIMARY KEY (job_id, start_at));
 CREATE INDEX IF NOT EXISTS job_runs_pilot ON job_runs (site, pilot_job_id);
 """
 
@@ -81,6 +82,7 @@ class SeenPilot:
     submit_at: float
     start_at: float | None
     joined: bool  # its startd is in the pool
+    gpus: int = 0
 
 
 class Journal:
@@ -122,10 +124,14 @@ class Journal:
             self.put("schema_version", SCHEMA_VERSION)
 
     def _upgrade_pilots(self) -> None:
-        """Schema 2 -> 3: the pilots table gains end_reason; "squeue-gone" is "squeue"."""
-        columns = {r[1] for r in self.db.execute("PRAGMA table_info(pilots)")}
-        if "end_reason" not in columns:
-            self.db.execute("ALTER TABLE pilots ADD COLUMN end_reason TEXT")
+        """Schema 2 -> 3: the pilots table gains end_reason; "squeue-gone" is "squeue".
+        3 -> 4: pilots and job_runs gain gpus (NULL in older rows, read as 0)."""
+        for table, column, kind in (("pilots", "end_reason", "TEXT"),
+                                    ("pilots", "gpus", "INTEGER"),
+                                    ("job_runs", "gpus", "INTEGER")):
+            columns = {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}
+            if column not in columns:
+                self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
         self.db.execute("UPDATE pilots SET end_source = 'squeue' "
                         "WHERE end_source = 'squeue-gone'")
 
@@ -193,8 +199,9 @@ class Journal:
             row = open_rows.get(p.job_id)
             if row is None:
                 cur = self.db.execute(
-                    "INSERT OR IGNORE INTO pilots (site, job_id, cores, memory_mb, submit_at) "
-                    "VALUES (?, ?, ?, ?, ?)", (site, p.job_id, p.cores, p.memory_mb, p.submit_at))
+                    "INSERT OR IGNORE INTO pilots (site, job_id, cores, memory_mb, submit_at, "
+                    "gpus) VALUES (?, ?, ?, ?, ?, ?)",
+                    (site, p.job_id, p.cores, p.memory_mb, p.submit_at, p.gpus))
                 if not cur.rowcount:
                     continue  # ended earlier (a job id reused): leave it closed
                 row = (p.job_id, None, None)
@@ -261,7 +268,7 @@ class Journal:
                job_id: str | None = None) -> list[PilotRecord]:
         """Pilot records, those alive at or after `since` (None: all)."""
         sql = ("SELECT site, job_id, cores, submit_at, start_at, end_at, memory_mb, join_at, "
-               "end_source, end_reason FROM pilots WHERE 1=1")
+               "end_source, end_reason, gpus FROM pilots WHERE 1=1")
         args: list[Any] = []
         if since is not None:
             sql += " AND (end_at IS NULL OR end_at >= ?)"
@@ -273,32 +280,45 @@ class Journal:
             sql += " AND job_id = ?"
             args.append(job_id)
         return [PilotRecord(r[0], r[1], int(r[2] or 0), float(r[3] or 0.0), r[4], r[5],
-                            int(r[6] or 0), r[7], r[8], r[9])
+                            int(r[6] or 0), r[7], r[8], r[9], int(r[10] or 0))
                 for r in self.db.execute(sql + " ORDER BY site, submit_at", args)]
+
+    def known_pilots(self, keys: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
+        """Of the (site, job id) pairs, those the journal has a pilot record of."""
+        return {k for k in set(keys) if self.db.execute(
+            "SELECT 1 FROM pilots WHERE site = ? AND job_id = ?", k).fetchone()}
 
     def add_pilot_records(self, records: Iterable[PilotRecord], source: str) -> None:
         """Store whole pilot records (an import, e.g. from the simulator), replacing any
         with the same site and job id; `source` goes into end_source of ended ones."""
         self.db.executemany(
             "INSERT OR REPLACE INTO pilots (site, job_id, cores, memory_mb, submit_at, "
-            "start_at, join_at, end_at, end_source) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "start_at, join_at, end_at, end_source, gpus) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [(r.site, r.job_id, r.cores, r.memory_mb, r.submit_at, r.start_at, r.join_at,
-              r.end_at, source if r.end_at is not None else None) for r in records])
+              r.end_at, source if r.end_at is not None else None, r.gpus) for r in records])
         self._commit()
 
     def add_job_runs(self, runs: Iterable[JobRun]) -> int:
         """Store finished runs (a run seen twice is kept once); returns how many were new."""
-        cur = self.db.executemany(
-            "INSERT OR IGNORE INTO job_runs (job_id, start_at, owner, site, pilot_job_id, "
-            "cores, end_at, wall_s, cpu_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [(r.job_id, r.start_at, r.owner, r.site, r.pilot_job_id, r.cores, r.end_at,
-              r.wall_s, r.cpu_s) for r in runs])
+        return len(self.new_job_runs(runs))
+
+    def new_job_runs(self, runs: Iterable[JobRun]) -> list[JobRun]:
+        """Store finished runs (a run seen twice is kept once); returns those that were new."""
+        new = []
+        for r in runs:
+            cur = self.db.execute(
+                "INSERT OR IGNORE INTO job_runs (job_id, start_at, owner, site, pilot_job_id, "
+                "cores, end_at, wall_s, cpu_s, gpus) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (r.job_id, r.start_at, r.owner, r.site, r.pilot_job_id, r.cores, r.end_at,
+                 r.wall_s, r.cpu_s, r.gpus))
+            if cur.rowcount:
+                new.append(r)
         self._commit()
-        return int(cur.rowcount or 0)
+        return new
 
     def job_runs(self, since: float | None = None, site: str | None = None) -> list[JobRun]:
-        sql = ("SELECT job_id, owner, site, pilot_job_id, cores, start_at, end_at, cpu_s "
-               "FROM job_runs WHERE 1=1")
+        sql = ("SELECT job_id, owner, site, pilot_job_id, cores, start_at, end_at, cpu_s, "
+               "gpus FROM job_runs WHERE 1=1")
         args: list[Any] = []
         if since is not None:
             sql += " AND end_at >= ?"
@@ -307,4 +327,5 @@ class Journal:
             sql += " AND site = ?"
             args.append(site)
         return [JobRun(r[0], r[1] or "", r[2] or "", r[3] or "", int(r[4] or 0), float(r[5]),
-                       float(r[6]), float(r[7] or 0.0)) for r in self.db.execute(sql, args)]
+                       float(r[6]), float(r[7] or 0.0), int(r[8] or 0))
+                for r in self.db.execute(sql, args)]

@@ -82,7 +82,7 @@ class Ledger:
         try:
             for site, site_jobs in jobs.items():
                 seen = [SeenPilot(j.job_id, j.cpus, j.memory_mb, j.submitted_at,
-                                  j.started_at, f"{site}/{j.job_id}" in joined)
+                                  j.started_at, f"{site}/{j.job_id}" in joined, j.gpus)
                         for j in site_jobs]
                 got = self.journal.record_pilots(site, seen, now)
                 events.started += got.started
@@ -95,6 +95,7 @@ class Ledger:
         self.metrics.pilot_events(
             events.started, events.joined,
             [p.site for p in events.ended if p.start_at is not None and p.join_at is None])
+        self.metrics.gpu_hours(events.ended, [])
         if pool_known:
             self.read_history(now)
 
@@ -163,6 +164,11 @@ class Ledger:
         self.history_failing = False
         if not runs:
             return 0
-        added = self.journal.add_job_runs(runs)
+        added = self.journal.new_job_runs(runs)
         self.journal.put("history_after", max(after, max(r.end_at for r in runs)))
-        return added
+        # GPU-hours of GPU jobs on this provisioner's pilots (a fresh journal reads a
+        # day of history: runs on pilots it never saw are not its allocation's)
+        gpu_runs = [r for r in added if r.gpus > 0 and r.site]
+        ours = self.journal.known_pilots((r.site, r.pilot_job_id) for r in gpu_runs)
+        self.metrics.gpu_hours([], [r for r in gpu_runs if (r.site, r.pilot_job_id) in ours])
+        return len(added)

@@ -16,6 +16,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from provisioner.accounting import HOUR_S, JobRun, PilotRecord
 from provisioner.breaker import BreakerState
 from provisioner.config import MetricsConfig, SiteConfig
 from provisioner.limits import SiteLimits
@@ -33,6 +34,15 @@ SERIES: dict[str, tuple[str, tuple[str, ...], str]] = {
     P + "pilots": ("gauge", ("site", "state"), "Pilots by site and state"),
     P + "allocated_cores": ("gauge", ("site",), "Cores of pilots running in SLURM now"),
     P + "claimed_cores": ("gauge", ("site",), "Cores claimed by jobs on pilots now"),
+    P + "allocated_gpus": ("gauge", ("site",), "GPUs of pilots running in SLURM now"),
+    P + "claimed_gpus": ("gauge", ("site",), "GPUs claimed by GPU jobs on pilots now"),
+    P + "gpu_hours_allocated_total": ("counter", ("site",),
+                                      "GPU-hours of the pilots that ended (GPUs x SLURM "
+                                      "life), added when the journal records the end"),
+    P + "gpu_hours_claimed_total": ("counter", ("site",),
+                                    "GPU-hours claimed by GPU jobs on the provisioner's "
+                                    "pilots (RequestGPUs x wall), added when the run is "
+                                    "read from the schedd's history"),
     P + "pilots_submitted_total": ("counter", ("site",), "Pilots submitted"),
     P + "pilots_released_total": ("counter", ("site",), "Releases sent to idle pilots"),
     P + "pilots_cancelled_total": ("counter", ("site",), "Pilot jobs cancelled"),
@@ -135,18 +145,37 @@ def limit_codes(limits: SiteLimits, held: Mapping[str, int], sites: Iterable[str
 class SiteCores:
     allocated: int
     claimed: int
+    allocated_gpus: int = 0
+    claimed_gpus: int = 0  # only GPU jobs claim GPUs
 
 
 def cores_by_site(pilots: Iterable[Pilot], sites: Iterable[str]) -> dict[str, SiteCores]:
-    """Allocated (running in SLURM) and claimed (by jobs) cores per site right now."""
-    alloc: Tally[str] = Tally()
-    claim: Tally[str] = Tally()
+    """Allocated (running in SLURM) and claimed (by jobs) cores and GPUs per site now."""
+    alloc: Tally[tuple[str, str]] = Tally()  # (site, "cores" or "gpus")
+    claim: Tally[tuple[str, str]] = Tally()
     for p in pilots:
         if p.state in _ALLOCATED:
-            alloc[p.site] += p.cpus
+            alloc[p.site, "cores"] += p.cpus
+            alloc[p.site, "gpus"] += p.gpus
         if p.state in _UP:
-            claim[p.site] += max(0, p.cpus - p.free_cpus)
-    return {s: SiteCores(alloc[s], claim[s]) for s in sites}
+            claim[p.site, "cores"] += max(0, p.cpus - p.free_cpus)
+            claim[p.site, "gpus"] += max(0, p.gpus - p.free_gpus)
+    return {s: SiteCores(alloc[s, "cores"], claim[s, "cores"], alloc[s, "gpus"],
+                         claim[s, "gpus"]) for s in sites}
+
+
+def gpu_hours(ended: Iterable[PilotRecord], runs: Iterable[JobRun]) -> dict[str, list[float]]:
+    """Per site, [GPU-hours allocated by the pilots that ended, GPU-hours claimed by
+    the GPU jobs' runs]; sites with neither are left out (runs of an unknown site too)."""
+    out: dict[str, list[float]] = {}
+    for p in ended:
+        if p.gpus > 0 and p.start_at is not None and p.end_at is not None:
+            held = p.gpus * max(0.0, p.end_at - p.start_at) / HOUR_S
+            out.setdefault(p.site, [0.0, 0.0])[0] += held
+    for r in runs:
+        if r.gpus > 0 and r.site:
+            out.setdefault(r.site, [0.0, 0.0])[1] += r.gpus * r.wall_s / HOUR_S
+    return out
 
 
 class Metrics:
@@ -208,6 +237,8 @@ class Metrics:
                     states[(site, state.value)])
             self._metric("allocated_cores", site=site).set(cores[site].allocated)
             self._metric("claimed_cores", site=site).set(cores[site].claimed)
+            self._metric("allocated_gpus", site=site).set(cores[site].allocated_gpus)
+            self._metric("claimed_gpus", site=site).set(cores[site].claimed_gpus)
 
     def pilot_events(self, started: Iterable[tuple[str, float]],
                      joined: Iterable[tuple[str, float]],
@@ -218,6 +249,12 @@ class Metrics:
             self._metric("pilot_boot_seconds", site=site).observe(boot)
         for site in ended_without_join:
             self._metric("pilots_failed_to_join_total", site=site).inc()
+
+    def gpu_hours(self, ended: Iterable[PilotRecord], runs: Iterable[JobRun]) -> None:
+        """Add the GPU-hours of pilots that ended and of new finished runs (`gpu_hours`)."""
+        for site, (allocated, claimed) in gpu_hours(ended, runs).items():
+            self._metric("gpu_hours_allocated_total", site=site).inc(allocated)
+            self._metric("gpu_hours_claimed_total", site=site).inc(claimed)
 
     def refused(self, site: str, kind: str) -> None:
         """One failed sbatch at `site` of `kind` (limit, config, busy, other)."""

@@ -12,7 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.dates as mdates
 import matplotlib.pyplot as plt
 
-from provisioner.accounting import JobRun, PilotRecord, SiteDay, core_timeline
+from provisioner.accounting import JobRun, PilotRecord, SiteDay, core_timeline, gpu_timeline
 
 
 def plot_step(pilots: Sequence[PilotRecord], now: float, points: int = 400) -> float:
@@ -29,7 +29,21 @@ def plot_cores(pilots: Sequence[PilotRecord], runs: Sequence[JobRun], now: float
                path: Path) -> Path:
     """Allocated vs claimed cores over time, one panel per site."""
     step = plot_step(pilots, now)
-    lines = core_timeline(pilots, runs, now, step_s=step)
+    return _plot_lines(core_timeline(pilots, runs, now, step_s=step), step, "cores",
+                       "claimed", path)
+
+
+def plot_gpus(pilots: Sequence[PilotRecord], runs: Sequence[JobRun], now: float,
+              path: Path) -> Path:
+    """Allocated GPUs vs GPUs claimed by GPU jobs over time, one panel per site whose
+    pilots held GPUs."""
+    step = plot_step(pilots, now)
+    return _plot_lines(gpu_timeline(pilots, runs, now, step_s=step), step, "GPUs",
+                       "claimed by GPU jobs", path)
+
+
+def _plot_lines(lines: dict[str, list[tuple[float, int, int]]], step: float, unit: str,
+                claimed: str, path: Path) -> Path:
     fmt = "%m-%d %H:%M" if step >= 10 else "%H:%M:%S"  # a short run shows its seconds
     fig, axes = plt.subplots(max(1, len(lines)), 1, figsize=(10, 3 * max(1, len(lines))),
                              sharex=True, squeeze=False)
@@ -37,9 +51,9 @@ def plot_cores(pilots: Sequence[PilotRecord], runs: Sequence[JobRun], now: float
         t = [datetime.fromtimestamp(p[0], UTC) for p in points]
         ax.fill_between(t, [p[1] for p in points], step="post", alpha=0.3,
                         label="allocated", color="tab:blue")
-        ax.step(t, [p[2] for p in points], where="post", label="claimed", color="tab:green")
-        ax.set_title(f"{site}: allocated vs claimed cores")
-        ax.set_ylabel("cores")
+        ax.step(t, [p[2] for p in points], where="post", label=claimed, color="tab:green")
+        ax.set_title(f"{site}: allocated vs claimed {unit}")
+        ax.set_ylabel(unit)
         ax.legend(loc="upper right")
         ax.xaxis.set_major_formatter(mdates.DateFormatter(fmt))
     axes[-1, 0].set_xlabel("time (UTC)")

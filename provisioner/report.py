@@ -1,8 +1,9 @@
 """`provisioner report`: what the allocation bought, per site and UTC day, from the journal.
 
 Reads the journal's pilot records and job runs (never creates a journal), prints a
-table, writes report.csv and, when matplotlib is installed, two plots: allocated vs
-claimed cores over time per site, and where the idle core-hours went.
+table, writes report.csv and, when matplotlib is installed, the plots: allocated vs
+claimed cores over time per site, where the idle core-hours went and, where pilots
+held GPUs, allocated GPUs vs GPUs claimed by GPU jobs over time per site.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from provisioner.journal import Journal
 
 NOTHING = "nothing to report yet"
 COLUMNS = ["site", "day", "pilots", "allocated_core_h", "claimed_core_h", "idle_startup_core_h",
-           "idle_between_core_h", "idle_tail_core_h", "e1_job_start", "e2_cpu", "total_eff"]
+           "idle_between_core_h", "idle_tail_core_h", "e1_job_start", "e2_cpu", "total_eff",
+           "allocated_gpu_h", "claimed_gpu_h", "gpu_eff"]
 
 
 class ReportError(Exception):
@@ -40,15 +42,22 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
+def _gpu_h(r: SiteDay, hours: float) -> str:
+    """GPU-hours of a row whose pilots held GPUs; "-" where none did."""
+    return f"{hours:.2f}" if r.allocated_gpu > 0 else "-"
+
+
 def values(r: SiteDay) -> list[str]:
     return [r.site, r.day, str(len(r.pilots)), f"{r.allocated:.2f}", f"{r.claimed:.2f}",
             f"{r.startup:.2f}", f"{r.between:.2f}", f"{r.tail:.2f}", _pct(r.e1), _pct(r.e2),
-            _pct(r.total)]
+            _pct(r.total), _gpu_h(r, r.allocated_gpu), _gpu_h(r, r.claimed_gpu),
+            _pct(r.gpu_efficiency)]
 
 
 def table(rows: Sequence[SiteDay]) -> str:
     head = ["site", "day", "pilots", "alloc core-h", "claimed core-h", "idle start-up",
-            "idle between", "idle tail", "E1", "E2", "total"]
+            "idle between", "idle tail", "E1", "E2", "total", "alloc GPU-h",
+            "GPU-h of GPU jobs", "GPU eff"]
     body = [values(r) for r in rows]
     for tot in totals(rows).values():
         body.append(values(tot))
@@ -73,7 +82,9 @@ def write_csv(rows: Sequence[SiteDay], path: Path) -> None:
                         f"{r.startup:.4f}", f"{r.between:.4f}", f"{r.tail:.4f}",
                         "" if r.e1 is None else f"{r.e1:.4f}",
                         "" if r.e2 is None else f"{r.e2:.4f}",
-                        "" if r.total is None else f"{r.total:.4f}"])
+                        "" if r.total is None else f"{r.total:.4f}",
+                        f"{r.allocated_gpu:.4f}", f"{r.claimed_gpu:.4f}",
+                        "" if r.gpu_efficiency is None else f"{r.gpu_efficiency:.4f}"])
 
 
 #: How a pilot that left no end record ended, by what the journal saw.
@@ -132,12 +143,14 @@ def report(journal_path: str, now: float, since: float | None = None,
             w.writerows([site_, reason, n, f"{hours:.4f}"] for site_, reason, n, hours in ended)
         written.append(out / "ends.csv")
         try:
-            from provisioner.plots import plot_cores, plot_idle
+            from provisioner.plots import plot_cores, plot_gpus, plot_idle
         except ImportError:  # matplotlib is optional (the `bench` extra)
             pass
         else:
             written.append(plot_cores(pilots, runs, now, out / "cores.png"))
             written.append(plot_idle(rows, out / "idle.png"))
+            if any(p.gpus > 0 and p.start_at is not None for p in pilots):
+                written.append(plot_gpus(pilots, runs, now, out / "gpus.png"))
     text = table(rows)
     if ended:
         text += "\n\n" + ends_table(ended)

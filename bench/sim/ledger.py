@@ -29,7 +29,7 @@ def pilot_records(world: World, base: float = BASE) -> list[PilotRecord]:
         out.append(PilotRecord(
             site=p.site.name, job_id=str(p.id), cores=p.cpus, submit_at=base + p.submitted_at,
             start_at=start, end_at=None if p.ended_at is None else base + p.ended_at,
-            memory_mb=p.memory_mb, join_at=joined))
+            memory_mb=p.memory_mb, join_at=joined, gpus=p.gpus))
     return out
 
 
@@ -47,5 +47,5 @@ def job_runs(world: World, seed: int, base: float = BASE, cpu_mean: float = 0.85
         out.append(JobRun(
             job_id=f"{job.spec.id}.0", owner="alice", site=p.site.name, pilot_job_id=str(p.id),
             cores=job.shape.cpus, start_at=base + job.start, end_at=base + job.end,
-            cpu_s=eff * wall * job.shape.cpus))
+            cpu_s=eff * wall * job.shape.cpus, gpus=job.shape.gpus))
     return out

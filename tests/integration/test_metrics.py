@@ -2,7 +2,7 @@
 Prometheus series as the testbed's Prometheus server scraped them, and the
 accounting report of a scripted run whose answer is known in advance (two 1-core
 jobs that keep a core busy for 40 s each, at the GSI site); each pilot's end is the one
-its own end record states."""
+its own end record states; and a GPU job's GPU-hours, claimed and allocated, in both."""
 
 from __future__ import annotations
 
@@ -144,3 +144,80 @@ def test_metrics_in_prometheus_and_a_report_with_a_known_answer(tmp_path: Path) 
     for png in out.glob("*.png"):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000
     assert len(list(out.glob("*.png"))) >= 2
+
+
+GPU_S = 40
+GPU_JOB = f"sleep {GPU_S}\necho job-$1-ok\n"
+
+
+def test_a_gpu_jobs_gpu_hours_in_the_metrics_and_the_report(tmp_path: Path) -> None:
+    """One 1-GPU job at gsi (its nodes have 2 GPUs; the pilot asks SLURM for 1): the
+    GPU-hours it claimed are what HTCondor says it ran (RemoteWallClockTime x
+    RequestGPUs), in Prometheus and in `provisioner report`; the GPU-hours allocated are
+    the GPU pilot's GPUs x its SLURM life, as the journal recorded them."""
+    clean_pool()
+    directory = service_dir()
+    svc = Service(write_config(directory), tmp_path / "service.log")
+    journal = directory / "journal.sqlite"
+    svc.start()
+    try:
+        with SiteWatch() as watch:
+            cluster = submit_script("gpuacct", GPU_JOB, 1, "request_gpus = 1\n" + AT_GSI)
+            wait_for("the GPU job done", lambda: jobs_left(cluster) == 0, 300, step=2)
+            wait_for("the pilots gone", lambda: not any(all_pilot_jobs().values()), 180)
+        assert_clean_completion("gpuacct", 1)
+        assert watch.checked().seen["gsi"] and not watch.seen["frankfurt"]
+
+        def recorded() -> bool:
+            with sqlite3.connect(journal) as db:
+                open_ = db.execute("SELECT count(*) FROM pilots WHERE site = 'gsi' AND "
+                                   "end_at IS NULL").fetchone()[0]
+                runs = db.execute("SELECT count(*) FROM job_runs WHERE job_id LIKE ?",
+                                  (f"{cluster}.%",)).fetchone()[0]
+            return open_ == 0 and runs == 1
+        wait_for("the pilot's end and the job run in the journal", recorded, 60, step=2)
+
+        def scraped() -> bool:
+            return total('provisioner_gpu_hours_claimed_total{site="gsi"}') > 0 and \
+                total('provisioner_gpu_hours_allocated_total{site="gsi"}') > 0
+        wait_for("the GPU-hours scraped", scraped, 60, step=2)
+        # the gauges showed the GPU claimed while the job ran (every 10 s cycle, 5 s
+        # scrape; the window may reach into an earlier test's run: at least, not equal)
+        seen_claimed = total('max_over_time(provisioner_claimed_gpus{site="gsi"}[5m])')
+        seen_alloc = total('max_over_time(provisioner_allocated_gpus{site="gsi"}[5m])')
+        assert seen_claimed >= 1 and seen_alloc >= 1, (seen_claimed, seen_alloc)
+        claimed_metric = total('provisioner_gpu_hours_claimed_total{site="gsi"}') * 3600
+        alloc_metric = total('provisioner_gpu_hours_allocated_total{site="gsi"}') * 3600
+    finally:
+        svc.stop()
+        print(f"--- service log ---\n{svc.text()}")
+
+    [ad] = htcondor.Schedd().history(constraint=f"ClusterId == {cluster}",
+                                     projection=["RemoteWallClockTime", "RequestGPUs"])
+    condor = float(ad["RemoteWallClockTime"]) * int(ad["RequestGPUs"])
+    assert int(ad["RequestGPUs"]) == 1 and condor >= GPU_S, ad
+    with sqlite3.connect(journal) as db:
+        lives = db.execute("SELECT gpus, start_at, end_at FROM pilots WHERE site = 'gsi' "
+                           "AND start_at IS NOT NULL").fetchall()
+    gpu_pilots = [g for g, _s, _e in lives if g]
+    assert gpu_pilots and set(gpu_pilots) == {1}, lives  # each asked SLURM for 1 GPU
+    journal_alloc = sum((g or 0) * (e - s) for g, s, e in lives)
+    # the metrics: the job's GPU-seconds as HTCondor measured them; the pilot's life
+    assert abs(claimed_metric - condor) <= 0.02 * condor + 2, (claimed_metric, condor)
+    assert abs(alloc_metric - journal_alloc) <= 1, (alloc_metric, lives)
+
+    out = tmp_path / "report"
+    text = run(["provisioner", "report", "--journal", str(journal), "--site", "gsi",
+                "--out", str(out)]).stdout
+    assert "GPU eff" in text, text
+    rows = list(csv.DictReader((out / "report.csv").open()))
+    claimed = sum(float(r["claimed_gpu_h"]) for r in rows) * 3600
+    allocated = sum(float(r["allocated_gpu_h"]) for r in rows) * 3600
+    assert abs(claimed - condor) <= 0.02 * condor + 2, (claimed, condor, text)
+    assert abs(allocated - journal_alloc) <= 1 and allocated >= claimed, (allocated, lives)
+    effs = [float(r["gpu_eff"]) for r in rows if r["gpu_eff"]]
+    assert effs and all(0 < e <= 1 for e in effs), rows
+    print(f"GPU efficiency {claimed / allocated:.2f} ({claimed:.0f} of {allocated:.0f} "
+          "GPU-s; the rest is the pilot's start-up and tail)")
+    png = out / "gpus.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000

@@ -239,6 +239,9 @@ def test_history_ad_to_job_run() -> None:
     run = job_run_of(ad)
     assert run is not None and (run.job_id, run.site, run.pilot_job_id) == ("12.3", "gsi", "77")
     assert (run.cores, run.start_at, run.end_at, run.cpu_s) == (2, 1000.0, 4600.0, 5200.0)
+    assert run.gpus == 0  # no RequestGPUs: a CPU-only job
+    gpu_run = job_run_of(Ad(ad, RequestGPUs=2))
+    assert gpu_run is not None and gpu_run.gpus == 2
     # removed while running: no CompletionDate, the end is when it entered that status
     removed = Ad(ad, JobStatus=3, CompletionDate=0, JobCurrentStartDate=0)
     del removed["MachineAttrPilotSite0"]

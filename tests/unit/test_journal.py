@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.accounting import JobRun
+from provisioner.accounting import JobRun, PilotRecord
 from provisioner.journal import SCHEMA_VERSION, Journal, JournalError, SeenPilot
 from provisioner.pilot.endrecord import EndRecord
 
@@ -74,6 +74,52 @@ def test_job_runs_are_kept_once() -> None:
     assert j.job_runs() == [r] and j.job_runs(since=250.0) == []
 
 
+def test_gpus_of_pilots_and_runs_are_kept() -> None:
+    j = Journal("")
+    j.record_pilots("gsi", [SeenPilot("7", 4, 8000, 100.0, 130.0, False, gpus=2)], now=140.0)
+    assert j.pilots()[0].gpus == 2
+    r = JobRun("3.0", "alice", "gsi", "7", 2, 150.0, 200.0, 90.0, gpus=1)
+    assert j.new_job_runs([r, r]) == [r] and j.new_job_runs([r]) == []
+    assert j.job_runs() == [r]
+    imported = PilotRecord("fra", "9", 8, 100.0, 110.0, 500.0, gpus=4)
+    j.add_pilot_records([imported], "sim")
+    assert j.pilots(site="fra")[0].gpus == 4
+
+
+SCHEMA_3 = """
+CREATE TABLE state (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE pilots (
+    site TEXT NOT NULL, job_id TEXT NOT NULL, cores INTEGER, memory_mb INTEGER,
+    submit_at REAL, start_at REAL, join_at REAL, end_at REAL, end_source TEXT,
+    end_reason TEXT, PRIMARY KEY (site, job_id));
+CREATE TABLE job_runs (
+    job_id TEXT NOT NULL, start_at REAL NOT NULL, owner TEXT, site TEXT,
+    pilot_job_id TEXT, cores INTEGER, end_at REAL, wall_s REAL, cpu_s REAL,
+    PRIMARY KEY (job_id, start_at));
+INSERT INTO state VALUES ('schema_version', '3');
+INSERT INTO pilots VALUES ('gsi', '7', 4, 8000, 100.0, 130.0, 200.0, 400.0, 'record',
+    'released');
+INSERT INTO job_runs VALUES ('1.0', 150.0, 'alice', 'gsi', '7', 2, 350.0, 200.0, 180.0);
+"""
+
+
+def test_schema_3_journal_reads_with_no_gpus_and_takes_gpu_records(tmp_path: Path) -> None:
+    path = tmp_path / "j.sqlite"
+    with sqlite3.connect(path) as db:
+        db.executescript(SCHEMA_3)
+    j = Journal(str(path))
+    assert j.get("schema_version") == 4
+    [old] = j.pilots()
+    assert (old.cores, old.gpus, old.end_reason) == (4, 0, "released")
+    assert [(r.job_id, r.cores, r.gpus) for r in j.job_runs()] == [("1.0", 2, 0)]
+    j.record_pilots("gsi", [SeenPilot("8", 4, 8000, 500.0, 510.0, False, gpus=1)], now=520.0)
+    j.add_job_runs([JobRun("2.0", "alice", "gsi", "8", 1, 515.0, 600.0, 80.0, gpus=1)])
+    j.db.close()
+    again = Journal(str(path))  # opened again: as is
+    assert [p.gpus for p in again.pilots()] == [0, 1]
+    assert sorted(r.gpus for r in again.job_runs()) == [0, 1]
+
+
 def test_a_batch_commits_once_at_its_end(tmp_path: Path) -> None:
     """A cycle's records land together: another reader sees none of them before the
     block ends, and all of them after."""
@@ -122,7 +168,7 @@ def test_schema_2_journal_is_upgraded_and_its_pilots_take_end_records(
     with sqlite3.connect(path) as db:
         db.executescript(SCHEMA_2)
     j = Journal(str(path))
-    assert j.get("schema_version") == SCHEMA_VERSION == 3
+    assert j.get("schema_version") == SCHEMA_VERSION == 4
     [ended, live] = j.pilots()
     assert (ended.end_at, ended.end_source, ended.end_reason) == (400.0, "squeue", None)
     assert live.end_at is None
