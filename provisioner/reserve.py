@@ -126,12 +126,13 @@ def reserve_rows(snapshot: Snapshot, config: Config, sites: Sequence[SiteConfig]
     if times is not None and times < config.policy.reserve.min_arrival_times:
         return [], 0
     counts, memory = _groups(snapshot, sites)
-    counts = _worth_reserving(counts, snapshot, config, sites)
+    lead = reserve_lead(snapshot, config)
+    counts = _worth_reserving(counts, snapshot, config, sites, lead)
     total = sum(counts.values())
     last = snapshot.last_arrival_at
     quiet = 0.0 if last is None else max(0.0, now - last)
     size = reserve_size(total, snapshot.arrival_window_s, config, snapshot.recent_departures,
-                        quiet, reserve_lead(snapshot, config))
+                        quiet, lead)
     if total == 0:
         return [], 0
     quota = _split(max(size, min(snapshot.reserve_hold, config.policy.reserve.max_jobs)),
@@ -171,13 +172,16 @@ def _groups(snapshot: Snapshot, sites: Sequence[SiteConfig]
 
 
 def _worth_reserving(counts: Counter[_Key], snapshot: Snapshot, config: Config,
-                     sites: Sequence[SiteConfig]) -> Counter[_Key]:
-    """The groups a reserve slot pays for: the next job of the group is likely (``reserve.
-    min_use_chance``) to arrive within the no-claim time of a pilot where it would wait
-    (the shortest among the group's sites), and no reserve pilot of its shape ended
-    unclaimed since the group's last arrivals (`Snapshot.reserve_spent`)."""
+                     sites: Sequence[SiteConfig], lead: float) -> Counter[_Key]:
+    """The groups a reserve slot pays for: the next job of the group is expected within
+    ``reserve.max_idle_leads`` lead times (`lead`: the wait a slot saves; a slot idles
+    ``1 / rate`` before its job comes), it is likely (``reserve.min_use_chance``) to
+    arrive within the no-claim time of a pilot where it would wait (the shortest among
+    the group's sites), and no reserve pilot of its shape ended unclaimed since the
+    group's last arrivals (`Snapshot.reserve_spent`)."""
     window = snapshot.arrival_window_s
     chance = config.policy.reserve.min_use_chance
+    leads = config.policy.reserve.max_idle_leads
     noclaim = {s.name: s.runtime.noclaim_shutdown_s for s in sites}
     arrived = shape_arrivals(counts)
     out: Counter[_Key] = Counter()
@@ -194,7 +198,7 @@ def _worth_reserving(counts: Counter[_Key], snapshot: Snapshot, config: Config,
             rate = n / window if window > 0 else 0.0
         else:  # the shape's long-run rate, shared among its groups by their arrivals
             rate *= n / arrived[(cpus, gpus)]
-        if 1 - math.exp(-rate * hold) < chance:
+        if 1 - math.exp(-rate * hold) < chance or (leads > 0 and rate * lead * leads < 1):
             continue
         out[key] = n
     return out

@@ -1,11 +1,15 @@
 """The reserve pays for itself on every shape: a shape whose next job is unlikely to
-arrive within the pilot's no-claim time gets no reserve slot (its rate over the evidence
+arrive within the pilot's no-claim time, or whose slot would idle longer than
+``max_idle_leads`` lead times per use, gets no reserve slot (its rate over the evidence
 span, not one window's count), and a reserve pilot that ended by its no-claim shutdown is
 not replaced by an identical one until its shape's jobs arrive again."""
 
 from __future__ import annotations
 
 import dataclasses
+
+from hypothesis import given
+from hypothesis import strategies as st
 
 from provisioner.config import ReserveConfig
 from provisioner.controller import Controller, QueueSize
@@ -17,6 +21,7 @@ from .helpers import NOW, config, pilot, site, snap
 ONE = JobShape(1, 2000)
 EIGHT = JobShape(8, 16000)
 RES = ReserveConfig(window_s=900, lead_s=240, factor=2.5, max_jobs=64)
+PRICED = RES.model_copy(update={"max_idle_leads": 6.0})
 
 
 def seen(arrivals, now, pilots=()):  # type: ignore[no-untyped-def]
@@ -39,8 +44,38 @@ def test_a_shape_unlikely_to_claim_a_slot_within_the_noclaim_time_gets_none() ->
     assert set(cpus_of_rows(often, cfg)) == {1, 8}
     rare = dataclasses.replace(often, shape_rates={(1, 0): 60 / 900, (8, 0): 1 / 7200})
     assert set(cpus_of_rows(rare, cfg)) == {1}  # one 8-core job per 2 h: no slot
-    off = config(reserve=RES.model_copy(update={"min_use_chance": 0.0}))
+    off = config(reserve=RES.model_copy(update={"min_use_chance": 0.0, "max_idle_leads": 0}))
     assert set(cpus_of_rows(rare, off)) == {1, 8}
+
+
+def test_a_slot_that_would_idle_longer_than_the_waits_it_saves_is_not_kept() -> None:
+    # 8-core jobs at 2.4/h pass the no-claim gate (chance 0.55 within 1200 s), but a slot
+    # would idle 25 min per use to save one lead time (240 s): over 6 lead times (24 min)
+    cfg = config(reserve=PRICED)
+    rates = {(1, 0): 60 / 900, (8, 0): 2.4 / 3600}
+    mix = dataclasses.replace(snap(arrivals=[(ONE, 60), (EIGHT, 1)]), shape_rates=rates)
+    assert set(cpus_of_rows(mix, cfg)) == {1}
+    unpriced = config(reserve=RES.model_copy(update={"max_idle_leads": 0}))
+    assert set(cpus_of_rows(mix, unpriced)) == {1, 8}
+    # the same shape where a new pilot takes 15 minutes: a slot saves that much wait
+    slow = config(reserve=PRICED.model_copy(update={"lead_s": 900}))
+    assert set(cpus_of_rows(mix, slow)) == {1, 8}
+
+
+@given(rate_h=st.floats(0.1, 100), lead=st.floats(30, 3600), more=st.floats(1, 10))
+def test_a_shape_kept_at_some_rate_and_lead_is_kept_at_higher_ones(
+        rate_h: float, lead: float, more: float) -> None:
+    """Monotone: more arrivals or a longer lead never take a shape's reserve away; and
+    a shape is kept only when its slot idles at most max_idle_leads lead times per use."""
+    def kept(r: float, lead_s: float) -> bool:
+        cfg = config(reserve=PRICED.model_copy(update={"lead_s": lead_s}))
+        s = dataclasses.replace(snap(arrivals=[(ONE, 60), (EIGHT, 1)]),
+                                shape_rates={(1, 0): 60 / 900, (8, 0): r / 3600})
+        return 8 in cpus_of_rows(s, cfg)
+    here = kept(rate_h, lead)
+    if here:
+        assert kept(rate_h * more, lead) and kept(rate_h, lead * more)
+        assert rate_h / 3600 * lead * PRICED.max_idle_leads >= 1 - 1e-9
 
 
 def test_the_rate_of_a_rare_shape_counts_the_windows_that_did_not_see_it() -> None:
