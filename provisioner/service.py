@@ -151,6 +151,7 @@ class Provisioner:
         size: QueueSize | None = None
         newest: float | None = None
         since = self.controller.arrivals_since(now)
+        lacking: tuple[str, ...] = ()
         try:
             queue = self.pool.queue(since)
             demand, running_on = self.matcher.annotate(queue.demand), queue.running_on
@@ -161,7 +162,12 @@ class Provisioner:
             log.error("pool unknown this cycle (no scale-down, no submissions): %s", exc)
             pool_known = False
         else:
-            size = QueueSize(queue.total, queue.older)
+            for name, why in queue.unknown:
+                log.error("schedd %s unknown this cycle (its demand unknown: no scale-down; "
+                          "the other schedds' demand is provisioned for): %s", name, why)
+            lacking = tuple(name for name, _ in queue.unknown)
+            # a queue read in part says nothing of the queue's growth
+            size = QueueSize(queue.total, queue.older) if queue.whole else None
             newest = queue.newest
         views, pilots, jobs = [], [], {}
         for site in self.config.sites:
@@ -199,7 +205,8 @@ class Provisioner:
                                        self._margin(site.name)))
         snapshot = Snapshot(
             demand=demand, pilots=tuple(pilots), sites=tuple(views), pool_known=pool_known,
-            recent_arrivals=arrivals, last_arrival_at=newest, failing=failing)
+            schedds_unknown=lacking, recent_arrivals=arrivals, last_arrival_at=newest,
+            failing=failing)
         if pool_known:
             for line in self.disagreements.report(snapshot.pilots, ads, jobs, now, self._margin,
                                                   running_on):
@@ -280,7 +287,7 @@ class Provisioner:
     def _cleanup(self, obs: Observation) -> list[tuple[str, str]]:
         """Cancel the SLURM jobs of released pilots the controller says linger."""
         out: list[tuple[str, str]] = []
-        if not obs.snapshot.pool_known:
+        if not obs.snapshot.scale_down_ok:  # a schedd not read may run jobs there
             return out
         followed = self.controller.releases
         view = PoolView(
@@ -304,10 +311,15 @@ class Provisioner:
         releases = [a for a in result.actions if isinstance(a, Release)]
         fresh: tuple[dict[str, PilotAd], frozenset[str]] | None = None
         if releases:
-            try:  # one fresh schedd and collector read for all releases of this cycle
-                fresh = (self.pool.pilot_ads(), self.pool.queue().running_on)
+            try:  # one fresh read of the schedds and the collector for all releases
+                queue = self.pool.queue()
+                if queue.whole:
+                    fresh = (self.pool.pilot_ads(), queue.running_on)
+                else:
+                    log.error("no release this cycle, schedd(s) unreadable: %s",
+                              ", ".join(n for n, _ in queue.unknown))
             except PoolUnreachable as exc:
-                log.error("no release this cycle, collector unreadable: %s", exc)
+                log.error("no release this cycle, pool unreadable: %s", exc)
         outcomes += self._submit_all([a for a in result.actions if isinstance(a, Submit)])
         for action in result.actions:
             text = describe(action)
@@ -378,6 +390,7 @@ class Provisioner:
             unmatchable=result.unmatchable, pilots=obs.snapshot.pilots,
             circuit=circuit_codes(self.controller.breakers.states, now),
             known_sites=[v.name for v in obs.snapshot.sites if v.known],
+            schedds_unknown=len(obs.snapshot.schedds_unknown),
             limits=limit_codes(self.controller.limits, self.controller.held_now(obs.snapshot),
                                self.config.site_names, self.clock()))
         cid = self.journal.cycle(reason, line, cycle.timings)
