@@ -18,7 +18,7 @@ from typing import Any
 
 from provisioner.backoff import SiteBackoff
 from provisioner.cadence import Probe, gap_holds
-from provisioner.condor import PilotAd, Pool, PoolUnreachable
+from provisioner.condor import PilotAd, Pool, PoolUnreachable, QueueView
 from provisioner.config import Config
 from provisioner.controller import Controller, PoolView, QueueSize
 from provisioner.cycle_text import action_target, breakers_of, describe, summary_line
@@ -142,7 +142,6 @@ class Provisioner:
         """Read the pool and every site at `now` (default: the clock) into a Snapshot;
         the controller's carried state is not in it (`Controller.prepare` adds it)."""
         now = self.clock() if now is None else now
-        pool_known = True
         demand: tuple[Demand, ...] = ()
         ads: dict[str, PilotAd] = {}
         running_on: frozenset[str] = frozenset()
@@ -150,25 +149,17 @@ class Provisioner:
         failing: tuple[FailingStarts, ...] = ()
         size: QueueSize | None = None
         newest: float | None = None
-        since = self.controller.arrivals_since(now)
         lacking: tuple[str, ...] = ()
-        try:
-            queue = self.pool.queue(since)
+        read = self._read_pool(self.controller.arrivals_since(now))
+        pool_known = read is not None
+        if read is not None:
+            queue, ads = read
             demand, running_on = self.matcher.annotate(queue.demand), queue.running_on
             arrivals = self.matcher.annotate(queue.recent_arrivals)
-            failing = queue.failing
-            ads = self.pool.pilot_ads()
-        except PoolUnreachable as exc:
-            log.error("pool unknown this cycle (no scale-down, no submissions): %s", exc)
-            pool_known = False
-        else:
-            for name, why in queue.unknown:
-                log.error("schedd %s unknown this cycle (its demand unknown: no scale-down; "
-                          "the other schedds' demand is provisioned for): %s", name, why)
+            failing, newest = queue.failing, queue.newest
             lacking = tuple(name for name, _ in queue.unknown)
             # a queue read in part says nothing of the queue's growth
             size = QueueSize(queue.total, queue.older) if queue.whole else None
-            newest = queue.newest
         views, pilots, jobs = [], [], {}
         for site in self.config.sites:
             error = ""
@@ -212,6 +203,20 @@ class Provisioner:
                                                   running_on):
                 log.warning("%s", line)
         return Observation(snapshot, ads, jobs, running_on, size)
+
+    def _read_pool(self, since: float) -> tuple[QueueView, dict[str, PilotAd]] | None:
+        """Every schedd (arrivals since `since`) and the pilot ads; None: the pool is
+        unknown. A schedd not read is logged, and named in the view."""
+        try:
+            queue = self.pool.queue(since)
+            ads = self.pool.pilot_ads()
+        except PoolUnreachable as exc:
+            log.error("pool unknown this cycle (no scale-down, no submissions): %s", exc)
+            return None
+        for name, why in queue.unknown:
+            log.error("schedd %s unknown this cycle (its demand unknown: no scale-down; "
+                      "the other schedds' demand is provisioned for): %s", name, why)
+        return queue, ads
 
     def _margin(self, site: str) -> float:
         """How long before its walltime a site's pilot may stop: SLURM's warning signal
