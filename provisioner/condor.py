@@ -1,10 +1,10 @@
-"""The pool side: the schedd's idle demand and the pilot startd ads.
+"""The pool side: the schedds' idle demand and the pilot startd ads.
 
 Everything goes through the HTCondor Python bindings (module `htcondor2`), as
 the provisioner's own identity (its IDTOKEN; no other method). Reads are
-batched: one schedd query and one collector query per cycle. A read that fails
+batched: one query per schedd and one collector query per cycle. A read that fails
 raises `PoolUnreachable`: the caller must treat the pool as unknown, never as
-empty.
+empty; a schedd that fails while others answer is named in `QueueView.unknown`.
 """
 
 from __future__ import annotations
@@ -13,14 +13,15 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from provisioner.accounting import JobRun
 from provisioner.config import PoolConfig
 from provisioner.failed_starts import START_ATTRS, StartFailure, cooling, fold, start_failure
-from provisioner.model import Demand, FailingStarts, JobShape
+from provisioner.model import Demand, JobShape
+from provisioner.schedds import QueueView, merge_views, negotiation_targets, roster
 
 log = logging.getLogger(__name__)
 
@@ -182,21 +183,6 @@ def history_constraint(after: float) -> str:
             f"(JobStatus == 3 && JobCurrentStartDate > 0 && EnteredCurrentStatus > {t})")
 
 
-@dataclass(frozen=True)
-class QueueView:
-    """What the schedd says: idle demand by shape, and which startds run its jobs."""
-
-    demand: tuple[Demand, ...]
-    running_on: frozenset[str]  # startd names (after "slotN_M@") with a running job
-    #: Jobs still queued (idle or running) submitted within the arrival window, by shape.
-    recent_arrivals: tuple[Demand, ...] = ()
-    total: int = 0  #: jobs in the queue (idle, running, transferring, suspended)
-    older: int = 0  #: of those, submitted before the arrival window (QDate < since)
-    newest: float | None = None  #: the latest QDate in the queue (None: empty)
-    #: Idle jobs whose last start failed (`provisioner.failed_starts`), by shape.
-    failing: tuple[FailingStarts, ...] = ()
-
-
 def startd_of(remote_host: str) -> str:
     """'slot1_2@pilot-gsi-8@node' -> 'pilot-gsi-8@node'."""
     return remote_host.split("@", 1)[1] if remote_host.startswith("slot") and \
@@ -296,62 +282,103 @@ def pilot_ads_of(slot_ads: Iterable[Any]) -> dict[str, PilotAd]:
 
 
 class Pool:
-    """Reads the pool as the provisioner identity.
+    """Reads the pool as the provisioner identity: every schedd (`provisioner.schedds`)
+    and the collector.
 
     Pilots are not drained from here: a pilot's startd cannot verify IDTOKENS
     (it must not hold the pool's signing key), so releases go through the
     site (SiteBackend.release) and the pilot drains itself.
     """
 
-    def __init__(self, cfg: PoolConfig, htcondor: Any = None) -> None:
+    def __init__(self, cfg: PoolConfig, htcondor: Any = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self.cfg = cfg
         if htcondor is None:
             import htcondor2 as htcondor
         self.htcondor = htcondor
+        self.clock = clock
         if cfg.token_file:
             # The bindings read every token in the directory: it must hold only ours.
             htcondor.param["SEC_TOKEN_DIRECTORY"] = os.path.dirname(cfg.token_file)
             htcondor.param["SEC_CLIENT_AUTHENTICATION_METHODS"] = "IDTOKENS"
         self.constraint = f'PilotProvisionerId == "{cfg.provisioner_id}"'
+        self.seen: dict[str, float] = {}  # schedd name -> last listed (the roster's memory)
+        #: idle jobs per schedd at the last read (None: not read yet)
+        self.idle_by_schedd: dict[str, int] | None = None
 
     def _collector(self) -> Any:
         return self.htcondor.Collector(self.cfg.collector)
 
-    def _schedd(self) -> Any:
-        coll = self._collector()
-        if self.cfg.schedd:
-            ad = coll.locate(self.htcondor.DaemonType.Schedd, self.cfg.schedd)
-        else:
-            ad = coll.locate(self.htcondor.DaemonType.Schedd)
-        return self.htcondor.Schedd(ad)
+    def _schedds(self) -> tuple[dict[str, Any], tuple[tuple[str, str], ...]]:
+        """The schedds to read (name -> Schedd) and those unknown without a read: one
+        collector query. PoolUnreachable if the collector cannot be read or the roster
+        is empty (a pool without a schedd is not read as one without demand)."""
+        try:
+            ads = list(self._collector().locateAll(self.htcondor.DaemonType.Schedd))
+        except Exception as exc:
+            raise PoolUnreachable(f"collector query for schedds failed: {exc}") from exc
+        by_name = {_str(ad, "Name"): ad for ad in ads if _str(ad, "Name")}
+        now = self.clock()
+        r = roster(by_name, self.cfg.schedds, self.seen, now, self.cfg.schedd_gone_s)
+        self.seen = r.seen
+        if not r.read and not r.unknown:
+            raise PoolUnreachable("the collector lists no schedd")
+        return {n: self.htcondor.Schedd(by_name[n]) for n in r.read}, r.unknown
+
+    def _each(self, what: str, call: Callable[[Any], Any]
+              ) -> tuple[dict[str, Any], tuple[tuple[str, str], ...]]:
+        """`call(schedd)` on every schedd: (name -> result, unknown). PoolUnreachable
+        when none could be read."""
+        schedds, unknown = self._schedds()
+        out: dict[str, Any] = {}
+        failed = list(unknown)
+        for name, schedd in schedds.items():
+            try:
+                out[name] = call(schedd)
+            except Exception as exc:  # the bindings raise HTCondorException and friends
+                failed.append((name, f"{what} failed: {exc}"))
+        if not out:
+            raise PoolUnreachable("no schedd readable: " + "; ".join(
+                f"{n}: {why}" for n, why in failed))
+        return out, tuple(failed)
 
     def queue(self, arrivals_since: float | None = None) -> QueueView:
         """Idle jobs grouped by shape, the startds running jobs and the recent
-        arrivals: one schedd query.
+        arrivals: one query per schedd, merged; schedds not read are named in
+        `QueueView.unknown`.
 
         The schedd knows a pilot is busy the moment a job starts; the pilot's
         own ad in the collector may lag by an update interval.
         """
-        try:
-            ads = self._schedd().query(constraint=QUEUE_CONSTRAINT, projection=JOB_ATTRS)
-        except Exception as exc:  # the bindings raise HTCondorException and friends
-            raise PoolUnreachable(f"schedd query failed: {exc}") from exc
-        return queue_view(ads, arrivals_since, time.time())
+        now = time.time()
+        views, unknown = self._each("queue query", lambda s: queue_view(
+            s.query(constraint=QUEUE_CONSTRAINT, projection=JOB_ATTRS), arrivals_since, now))
+        merged = merge_views(views, unknown)
+        self.idle_by_schedd = dict(merged.idle_by_schedd)
+        return merged
 
     def idle_count(self) -> int:
-        """The cheap probe: number of idle jobs from the schedd's summary ad."""
-        try:
-            ads = self._schedd().query(opts=self.htcondor.QueryOpt.SummaryOnly)
-        except Exception as exc:
-            raise PoolUnreachable(f"schedd summary query failed: {exc}") from exc
-        return sum(_int(ad, "AllusersIdle", _int(ad, "Idle")) for ad in ads)
+        """The cheap probe: idle jobs from every readable schedd's summary ad (a
+        schedd that cannot be read counts none)."""
+        counts, _unknown = self._each("summary query", lambda s: sum(
+            _int(ad, "AllusersIdle", _int(ad, "Idle"))
+            for ad in s.query(opts=self.htcondor.QueryOpt.SummaryOnly)))
+        self.idle_by_schedd = dict(counts)
+        return sum(counts.values())
 
     def reschedule(self) -> None:
-        """Ask the schedd to ask the negotiator for a cycle now (condor_reschedule)."""
-        try:
-            self._schedd().reschedule()
-        except Exception as exc:
-            raise PoolUnreachable(f"schedd reschedule failed: {exc}") from exc
+        """Ask every schedd whose jobs wait (by the last count; every schedd before the
+        first) to ask the negotiator for a cycle now (condor_reschedule). PoolUnreachable
+        if any of them could not be asked (the others were)."""
+        schedds, _unknown = self._schedds()
+        failed = []
+        for name in negotiation_targets(self.idle_by_schedd, sorted(schedds)):
+            try:
+                schedds[name].reschedule()
+            except Exception as exc:
+                failed.append(f"{name}: {exc}")
+        if failed:
+            raise PoolUnreachable("schedd reschedule failed: " + "; ".join(failed))
 
     def pilot_ads(self) -> dict[str, PilotAd]:
         """This provisioner's pilot startds: one collector query."""
@@ -363,13 +390,15 @@ class Pool:
         return pilot_ads_of(ads)
 
     def history(self, after: float, match: int = HISTORY_MATCH) -> list[JobRun]:
-        """Runs that ended after `after` from the schedd's history, at most `match` (the
-        newest first: a backlog larger than that is cut, the oldest part lost for the
-        accounting). One schedd history query."""
-        try:
-            ads = self._schedd().history(constraint=history_constraint(after),
-                                         projection=HISTORY_ATTRS, match=match)
-            runs = [job_run_of(ad) for ad in ads]
-        except Exception as exc:
-            raise PoolUnreachable(f"schedd history query failed: {exc}") from exc
-        return [r for r in runs if r is not None]
+        """Runs that ended after `after` from every schedd's history, at most `match`
+        per schedd (the newest first: a backlog larger than that is cut, the oldest part
+        lost for the accounting). One history query per schedd; PoolUnreachable if any
+        schedd on the roster cannot be read (the accounting waits for all, so no run
+        is skipped)."""
+        runs, unknown = self._each("history query", lambda s: [
+            job_run_of(ad) for ad in s.history(constraint=history_constraint(after),
+                                               projection=HISTORY_ATTRS, match=match)])
+        if unknown:
+            raise PoolUnreachable("schedd history unreadable: " + "; ".join(
+                f"{n}: {why}" for n, why in unknown))
+        return [r for name in sorted(runs) for r in runs[name] if r is not None]

@@ -7,6 +7,7 @@ and the offending value, plus the YAML line when it can be found.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Iterator
@@ -17,7 +18,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+log = logging.getLogger(__name__)
+
 SITE_NAME_PATTERN = r"^[a-z][a-z0-9_-]*$"
+SCHEDD_NAME_PATTERN = r"^[A-Za-z0-9_.@-]+$"
 
 
 class ConfigError(Exception):
@@ -30,7 +34,16 @@ class _Model(BaseModel):
 
 class PoolConfig(_Model):
     collector: str = Field(default="127.0.0.1:9618", pattern=r"^[A-Za-z0-9.-]+(:[0-9]+)?$")
-    schedd: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.@-]+$")
+    #: The schedds whose queues are the demand (their Name in the collector). Empty: every
+    #: schedd the collector lists, each remembered once seen (`provisioner.schedds`).
+    schedds: tuple[Annotated[str, Field(pattern=SCHEDD_NAME_PATTERN)], ...] = ()
+    #: Deprecated alias of a one-item `schedds` (kept working; a warning says so).
+    schedd: str | None = Field(default=None, pattern=SCHEDD_NAME_PATTERN)
+    #: A schedd seen in the collector that left it (shut down, or decommissioned) is
+    #: unknown, not empty, for this long: no scale-down meanwhile. Then it is forgotten.
+    #: The default is HTCondor's job lease (JobLeaseDuration, 40 min): its running jobs
+    #: are gone by then anyway.
+    schedd_gone_s: float = Field(default=2400.0, ge=0)
     token_file: str = "/etc/provisioner/tokens.d/provisioner"
     pilot_token_file: str = "/etc/provisioner/pilot.token"
     provisioner_id: str = Field(default="prov-1", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -41,6 +54,19 @@ class PoolConfig(_Model):
     #: of this host's HTCondor configuration if set and its directory is here (the service
     #: runs beside the schedd), else off; "off"; or the log's absolute path.
     event_log: str = "auto"
+
+    @model_validator(mode="after")
+    def _schedd_alias(self) -> PoolConfig:
+        """`schedd: X` reads as `schedds: [X]`; both set is ambiguous."""
+        if self.schedd is None:
+            return self
+        if self.schedds:
+            raise PydanticCustomError(
+                "schedds", "set pool.schedds only (pool.schedd is its deprecated one-item "
+                "form; got both)", {})
+        log.warning("pool.schedd is deprecated: write pool.schedds: [%s]", self.schedd)
+        object.__setattr__(self, "schedds", (self.schedd,))
+        return self
 
     @field_validator("event_log")
     @classmethod

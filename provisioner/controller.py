@@ -299,7 +299,7 @@ class Controller:
                        arrival_times=len(self.arrivals),
                        reserve_hold=max((n for _t, n in self.reserves), default=0),
                        reserve_spent=self.noclaim.limits())
-        if commit and snap.pool_known:
+        if commit and snap.scale_down_ok:  # rates from the whole queue only
             self.rates.observe(snap, self.config, now)
         return replace(snap, shape_rates=self.rates.rates(now))
 
@@ -321,7 +321,7 @@ class Controller:
         self.reserves.append((now, result.reserve_sized))
         while self.reserves and self.reserves[0][0] <= now - result.reserve_lead_s:
             self.reserves.popleft()
-        if snapshot.pool_known:
+        if snapshot.scale_down_ok:  # counts towards a scale-down from the whole queue only
             known = {v.name for v in snapshot.sites if v.known}
             present = {p.key for p in snapshot.pilots}
             kept = {k: n for k, n in snapshot.unneeded_cycles.items()

@@ -45,6 +45,8 @@ def summary_line(cycle: CycleResult) -> str:
     demand = sum(d.idle for d in snap.demand)
     parts = [f"demand {demand} idle jobs in {len(snap.demand)} shapes"
              if snap.pool_known else "pool UNKNOWN"]
+    if snap.pool_known and snap.schedds_unknown:
+        parts.append(f"schedd {', '.join(snap.schedds_unknown)} UNKNOWN (no scale-down)")
     for view in snap.sites:
         if not view.known:
             parts.append(f"{view.name}: UNKNOWN")

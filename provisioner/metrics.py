@@ -69,7 +69,9 @@ SERIES: dict[str, tuple[str, tuple[str, ...], str]] = {
                               "3 stopped (configuration refused)"),
     P + "site_limit_jobs": ("gauge", ("site",), "A site's learnt submission or job limit "
                             "(pilots it may hold; -1: none known)"),
-    P + "pool_known": ("gauge", (), "1 if the schedd and collector were read last cycle"),
+    P + "pool_known": ("gauge", (), "1 if a schedd and the collector were read last cycle"),
+    P + "schedds_unknown": ("gauge", (), "schedds not read last cycle while others were "
+                            "(their demand unknown: no scale-down)"),
     P + "history_read_errors_total": ("counter", (), "Failed schedd history reads"),
     P + "pilot_end_records_total": ("counter", ("site",),
                                     "Pilot ends taken from the pilots' own end records"),
@@ -205,7 +207,8 @@ class Metrics:
               pool_known: bool, demand: Iterable[Demand], unmatchable: Iterable[Unmatchable],
               pilots: Sequence[Pilot], circuit: Mapping[str, int],
               known_sites: Iterable[str],
-              limits: Mapping[str, tuple[int, int]] | None = None) -> None:
+              limits: Mapping[str, tuple[int, int]] | None = None,
+              schedds_unknown: int = 0) -> None:
         """One full cycle's view; gauges of unknown parts keep their last value.
         `limits`: site -> (state, learnt limit) as `limit_codes` gives them."""
         self._metric("cycles_total").inc()
@@ -213,6 +216,7 @@ class Metrics:
         for phase, seconds in timings.items():
             self._metric("cycle_phase_seconds", phase=phase).observe(seconds)
         self._metric("pool_known").set(1 if pool_known else 0)
+        self._metric("schedds_unknown").set(schedds_unknown if pool_known else 0)
         names = [s.name for s in sites]
         for site in names:
             self._metric("site_circuit_state", site=site).set(circuit.get(site, 0))

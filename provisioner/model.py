@@ -126,7 +126,11 @@ class Snapshot:
     demand: tuple[Demand, ...]
     pilots: tuple[Pilot, ...]
     sites: tuple[SiteView, ...]
-    pool_known: bool = True  # False if schedd or collector unreadable -> no actions at all
+    pool_known: bool = True  # False if no schedd or the collector unreadable -> no actions
+    #: Schedds that could not be read while others could: their demand and busy startds
+    #: are missing (unknown, not empty). Readable demand is provisioned for; nothing is
+    #: scaled down (`scale_down_ok`).
+    schedds_unknown: tuple[str, ...] = ()
     flagged: dict[str, float] = field(default_factory=dict)  # pilot key -> time it was flagged
     # pilot key -> number of consecutive cycles it has been observed idle *before* this one
     # (kept by the service; optional: when absent, a flagged pilot counts as idle once).
@@ -181,6 +185,12 @@ class Snapshot:
     #: idle jobs whose last start failed, by shape (their real cause, for the reports;
     #: those not cooling down are in `demand` too: a pilot serves their next try).
     failing: tuple[FailingStarts, ...] = ()
+
+    @property
+    def scale_down_ok(self) -> bool:
+        """The whole queue was read: a pilot may be flagged, released, retired or
+        cancelled for want of demand."""
+        return self.pool_known and not self.schedds_unknown
 
 
 # Actions: returned as data, applied by the service.

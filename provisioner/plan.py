@@ -358,7 +358,8 @@ def plan(snapshot: Snapshot, config: Config, now: float) -> Plan:
     wanted = {name for r in rows for name in r.sites}
     used = {p.key for g in registry if g.jobs > 0 for p in g.members}
     used |= {key for key, name in late.items() if name in wanted}
-    site_ok = {name: s.known for name, s in sites.items()}
+    # a schedd not read: its demand is unknown, so no pilot anywhere goes for want of it
+    site_ok = {name: s.known and snapshot.scale_down_ok for name, s in sites.items()}
     # every idle job sits in the free room of pilots already in the pool, and no arrival
     # is expected (the reserve would want the room the busy pilots' jobs leave behind)
     reserve = sum(r.jobs for r in ghosts)

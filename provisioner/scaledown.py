@@ -161,10 +161,11 @@ def carry_over(
     """The `flagged` and `idle_cycles` maps for the next cycle's Snapshot.
 
     Flags set this cycle are stamped `now`; unflagged, released, cancelled and vanished
-    pilots drop out; pilots at unknown sites keep what they had. Pure helper for the service
+    pilots drop out; pilots at unknown sites keep what they had, and all do while the pool
+    or a schedd is unknown. Pure helper for the service
     (and the simulator), so hysteresis state lives in one place.
     """
-    if not snapshot.pool_known:
+    if not snapshot.scale_down_ok:  # nothing learnt from a queue read in part
         return dict(snapshot.flagged), dict(snapshot.idle_cycles)
     known = {v.name for v in snapshot.sites if v.known}
     flagged = dict(snapshot.flagged)

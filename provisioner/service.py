@@ -18,7 +18,7 @@ from typing import Any
 
 from provisioner.backoff import SiteBackoff
 from provisioner.cadence import Probe, gap_holds
-from provisioner.condor import PilotAd, Pool, PoolUnreachable
+from provisioner.condor import PilotAd, Pool, PoolUnreachable, QueueView
 from provisioner.config import Config
 from provisioner.controller import Controller, PoolView, QueueSize
 from provisioner.cycle_text import action_target, breakers_of, describe, summary_line
@@ -142,7 +142,6 @@ class Provisioner:
         """Read the pool and every site at `now` (default: the clock) into a Snapshot;
         the controller's carried state is not in it (`Controller.prepare` adds it)."""
         now = self.clock() if now is None else now
-        pool_known = True
         demand: tuple[Demand, ...] = ()
         ads: dict[str, PilotAd] = {}
         running_on: frozenset[str] = frozenset()
@@ -150,19 +149,17 @@ class Provisioner:
         failing: tuple[FailingStarts, ...] = ()
         size: QueueSize | None = None
         newest: float | None = None
-        since = self.controller.arrivals_since(now)
-        try:
-            queue = self.pool.queue(since)
+        lacking: tuple[str, ...] = ()
+        read = self._read_pool(self.controller.arrivals_since(now))
+        pool_known = read is not None
+        if read is not None:
+            queue, ads = read
             demand, running_on = self.matcher.annotate(queue.demand), queue.running_on
             arrivals = self.matcher.annotate(queue.recent_arrivals)
-            failing = queue.failing
-            ads = self.pool.pilot_ads()
-        except PoolUnreachable as exc:
-            log.error("pool unknown this cycle (no scale-down, no submissions): %s", exc)
-            pool_known = False
-        else:
-            size = QueueSize(queue.total, queue.older)
-            newest = queue.newest
+            failing, newest = queue.failing, queue.newest
+            lacking = tuple(name for name, _ in queue.unknown)
+            # a queue read in part says nothing of the queue's growth
+            size = QueueSize(queue.total, queue.older) if queue.whole else None
         views, pilots, jobs = [], [], {}
         for site in self.config.sites:
             error = ""
@@ -199,12 +196,27 @@ class Provisioner:
                                        self._margin(site.name)))
         snapshot = Snapshot(
             demand=demand, pilots=tuple(pilots), sites=tuple(views), pool_known=pool_known,
-            recent_arrivals=arrivals, last_arrival_at=newest, failing=failing)
+            schedds_unknown=lacking, recent_arrivals=arrivals, last_arrival_at=newest,
+            failing=failing)
         if pool_known:
             for line in self.disagreements.report(snapshot.pilots, ads, jobs, now, self._margin,
                                                   running_on):
                 log.warning("%s", line)
         return Observation(snapshot, ads, jobs, running_on, size)
+
+    def _read_pool(self, since: float) -> tuple[QueueView, dict[str, PilotAd]] | None:
+        """Every schedd (arrivals since `since`) and the pilot ads; None: the pool is
+        unknown. A schedd not read is logged, and named in the view."""
+        try:
+            queue = self.pool.queue(since)
+            ads = self.pool.pilot_ads()
+        except PoolUnreachable as exc:
+            log.error("pool unknown this cycle (no scale-down, no submissions): %s", exc)
+            return None
+        for name, why in queue.unknown:
+            log.error("schedd %s unknown this cycle (its demand unknown: no scale-down; "
+                      "the other schedds' demand is provisioned for): %s", name, why)
+        return queue, ads
 
     def _margin(self, site: str) -> float:
         """How long before its walltime a site's pilot may stop: SLURM's warning signal
@@ -280,7 +292,7 @@ class Provisioner:
     def _cleanup(self, obs: Observation) -> list[tuple[str, str]]:
         """Cancel the SLURM jobs of released pilots the controller says linger."""
         out: list[tuple[str, str]] = []
-        if not obs.snapshot.pool_known:
+        if not obs.snapshot.scale_down_ok:  # a schedd not read may run jobs there
             return out
         followed = self.controller.releases
         view = PoolView(
@@ -304,10 +316,15 @@ class Provisioner:
         releases = [a for a in result.actions if isinstance(a, Release)]
         fresh: tuple[dict[str, PilotAd], frozenset[str]] | None = None
         if releases:
-            try:  # one fresh schedd and collector read for all releases of this cycle
-                fresh = (self.pool.pilot_ads(), self.pool.queue().running_on)
+            try:  # one fresh read of the schedds and the collector for all releases
+                queue = self.pool.queue()
+                if queue.whole:
+                    fresh = (self.pool.pilot_ads(), queue.running_on)
+                else:
+                    log.error("no release this cycle, schedd(s) unreadable: %s",
+                              ", ".join(n for n, _ in queue.unknown))
             except PoolUnreachable as exc:
-                log.error("no release this cycle, collector unreadable: %s", exc)
+                log.error("no release this cycle, pool unreadable: %s", exc)
         outcomes += self._submit_all([a for a in result.actions if isinstance(a, Submit)])
         for action in result.actions:
             text = describe(action)
@@ -378,6 +395,7 @@ class Provisioner:
             unmatchable=result.unmatchable, pilots=obs.snapshot.pilots,
             circuit=circuit_codes(self.controller.breakers.states, now),
             known_sites=[v.name for v in obs.snapshot.sites if v.known],
+            schedds_unknown=len(obs.snapshot.schedds_unknown),
             limits=limit_codes(self.controller.limits, self.controller.held_now(obs.snapshot),
                                self.config.site_names, self.clock()))
         cid = self.journal.cycle(reason, line, cycle.timings)

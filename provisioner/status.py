@@ -2,7 +2,7 @@
 
 `gather()` builds a plain dict with stable keys from one observation, the journal and
 the configuration; `render()` turns it into tables (bold and colour only for a tty).
-Keys: ``at``, ``pool`` {collector, provisioner_id, known}, ``sites`` [{name, known,
+Keys: ``at``, ``pool`` {collector, provisioner_id, known, schedds_unknown}, ``sites`` [{name, known,
 error, circuit, limits (SLURM's limits in words, "" if none: "at its submission limit
 (20 jobs, ...)", "stopped: ..."), pilots {state: {count, oldest_age_s}},
 cores_allocated, cores_claimed,
@@ -94,7 +94,8 @@ def gather(config: Config, snap: Snapshot, now: float, breakers: Mapping[str, st
     return {
         "at": now,
         "pool": {"collector": config.pool.collector,
-                 "provisioner_id": config.pool.provisioner_id, "known": snap.pool_known},
+                 "provisioner_id": config.pool.provisioner_id, "known": snap.pool_known,
+                 "schedds_unknown": list(snap.schedds_unknown)},
         "sites": sites, "demand": demand,
         "unmatchable": [{"cores": u.shape.cpus, "memory_mb": u.shape.memory_mb,
                          "idle": u.idle, "reason": u.reason} for u in unmatchable],
@@ -123,7 +124,10 @@ def render(st: Mapping[str, Any], tty: bool = False) -> str:
     pool = st["pool"]
     out = [bold(f"Pool {pool['collector']} (provisioner id {pool['provisioner_id']})")]
     if not pool["known"]:
-        out.append(red("  pool: UNKNOWN (schedd or collector unreadable)"))
+        out.append(red("  pool: UNKNOWN (no schedd or the collector readable)"))
+    elif pool.get("schedds_unknown"):
+        out.append(red(f"  schedd {', '.join(pool['schedds_unknown'])}: UNKNOWN (unreadable; "
+                       "no scale-down, the other schedds' demand is provisioned for)"))
     for s in st["sites"]:
         head = f"\nSite {s['name']}: " + ("ok" if s["known"] else red(f"UNKNOWN ({s['error']})"))
         circuit = s["circuit"]

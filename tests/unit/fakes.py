@@ -27,13 +27,15 @@ class FakePool:
     history_fail: bool = False
     history_calls: list[float] = field(default_factory=list)
     reschedules: int = 0  # negotiations asked for
+    #: schedds not read, (name, why): the queue is read in part
+    unknown: tuple[tuple[str, str], ...] = ()
 
     def queue(self, arrivals_since: float | None = None) -> QueueView:
         if self.fail:
             raise PoolUnreachable("schedd down")
         arrivals = self.arrivals if arrivals_since is not None else ()
         return QueueView(self.demand, self.running_on, arrivals, self.total, self.older,
-                         self.newest)
+                         self.newest, unknown=self.unknown)
 
     def pilot_ads(self) -> dict[str, PilotAd]:
         if self.fail:

@@ -4,7 +4,7 @@
 # Every check runs on the host a user of that component would run it from.
 # shellcheck shell=bash
 export PATH=/opt/venv/bin:/usr/sbin:/usr/bin:/sbin:/bin
-COMPONENTS="network munge slurm-gsi slurm-frankfurt ssh-gsi ssh-frankfurt condor-collector condor-negotiator condor-schedd tokens xrootd-origin xrootd-cache prometheus apptainer"
+COMPONENTS="network munge slurm-gsi slurm-frankfurt ssh-gsi ssh-frankfurt condor-collector condor-negotiator condor-schedd condor-schedd-submit2 tokens xrootd-origin xrootd-cache prometheus apptainer"
 ON=/src/deploy/testbed/inside/on
 on() { "$ON" "$@"; }
 
@@ -42,6 +42,11 @@ check_daemon_ad() {  # condor_status flag
 check_condor-collector() { check_daemon_ad -collector; }
 check_condor-negotiator() { check_daemon_ad -negotiator; }
 check_condor-schedd() { check_daemon_ad -schedd; }
+# The second submit host's schedd: in the collector, its queue readable from cm.
+check_condor-schedd-submit2() {
+    local out
+    out=$(timeout 10 "$ON" cm -- condor_q -name submit2 -totals 2>&1) || { echo "$out"; return 1; }
+}
 
 check_tokens() { [ -s /etc/provisioner/tokens.d/provisioner ] && [ -s /root/.condor/tokens.d/provisioner ] && [ -s /etc/provisioner/pilot.token ] && [ -s /etc/condor/tokens.d/condor ]; }
 

@@ -37,6 +37,12 @@ rm -rf /etc/slurm && ln -s /etc/slurm-gsi /etc/slurm
 rm -f /etc/condor/config.d/*
 install -m 0644 "$repo/condor_config/central-manager.conf" /etc/condor/config.d/20-central-manager.conf
 install -m 0644 "$etc/condor-testbed.conf" /etc/condor/config.d/90-testbed.conf
+# The second submit host's own settings and directories (etc/condor-host-submit2.conf).
+install -d -m 0755 /etc/condor/hosts
+install -m 0644 "$etc/condor-host-submit2.conf" /etc/condor/hosts/submit2.conf
+install -d -o condor -g condor /var/log/condor-submit2 /var/spool/condor-submit2 \
+    /run/lock/condor-submit2 /run/condor-submit2 /var/lib/condor-submit2 \
+    /var/lib/condor-submit2/execute
 install -d -m 0700 /etc/condor/passwords.d /etc/condor/tokens.d
 install -d -m 1777 /run/lock
 install -d -o condor -g condor /run/lock/condor /run/condor

@@ -8,6 +8,9 @@ site, the WAN routed (and shaped) in between.
                            alice submits here; the provisioner runs here as "provisioner"
                            (token /etc/provisioner/tokens.d/provisioner, SSH key and
                            known_hosts in /etc/provisioner/ssh/)
+  submit2      10.10.0.11  a second submit host: its own condor_master and schedd
+                           ("submit2", its own directories /var/*/condor-submit2);
+                           alice may submit here too (testbed exec submit2 -u alice -- ...)
   gsi-login    10.10.1.10  slurmctld :6817 (cluster "gsi": partitions main 8 h, debug
                            30 min, shared nodes), sshd (key only, account pilot)
   gsi-n1, -n2  10.10.1.11-12  slurmd, 4 CPU / 8000 MB each; pilots run here

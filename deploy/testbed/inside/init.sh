@@ -52,8 +52,9 @@ for login in $(grep -v '^#' "$here/etc/hosts.tsv" | awk '$4 == "login" {print $1
         -E "/var/log/testbed/sshd-$login.log"
 done
 
-echo "starting HTCondor on cm"
+echo "starting HTCondor on cm, and the second schedd on submit2"
 on cm -- condor_master
+on submit2 -- condor_master
 
 echo "starting XRootD: origin on gsi-storage, cache on fra-cache"
 on gsi-storage -u xrootd -- xrootd -b -n origin -c /etc/xrootd/origin.cfg -l /var/log/xrootd/origin.log
