@@ -297,6 +297,10 @@ class NewPilots:
         self.open = CapacityIndex([], self.registry)
         self.open_gpu = CapacityIndex([], self.registry)
 
+    def may_fit(self, item: Item) -> bool:
+        """False only if no pilot opened this cycle has the room for one job of `item`."""
+        return (self.open_gpu if item.gpus > 0 else self.open).may_fit(item)
+
     def fill(self, item: Item, n: int) -> int:
         """Place up to `n` jobs: first into pilots opened this cycle, then into new ones;
         return how many were placed."""

@@ -228,9 +228,15 @@ def fill_new(rows: Iterable[Row], sites: dict[str, SiteRow], global_left: int,
             for name in row.sites:
                 sites[name].offered_jobs += row.left
                 sites[name].offered_cpus += row.left * row.item.cpus
+        if not any(_may_take(sites[name], row, left[0]) for name in row.sites):
+            continue  # no site can open a pilot or has an open one that fits: no change
         for tier in ranked(row, costs, min_cpus, tie_share):
             if row.left == 0:
                 break
+            if not any(_pilots_left(sites[name], left[0]) for name in tier):
+                for name in tier:  # the split would be all zeros: only open pilots take
+                    _place(sites[name], row, row.left, left)
+                continue
             per = [_per_pilot(sites[name], row) for name in tier]
             capacity = [_pilots_left(sites[name], left[0]) * k
                         for name, k in zip(tier, per, strict=True)]
@@ -261,11 +267,19 @@ def _pilots_left(s: SiteRow, global_left: int) -> int:
     return max(0, min(new.allowed, new.opened + global_left) - new.opened)
 
 
+def _may_take(s: SiteRow, row: Row, global_left: int) -> bool:
+    """False only if `_place` would put none of the row's jobs at `s`: it can open no
+    pilot and none of its open pilots has the room for one job (cheap pre-check)."""
+    new = s.new
+    assert new is not None
+    return _pilots_left(s, global_left) > 0 or new.may_fit(row.item)
+
+
 def _place(s: SiteRow, row: Row, n: int, global_left: list[int]) -> None:
     """Up to `n` of the row's jobs into new pilots at `s`, within the global cap."""
     new = s.new
     assert new is not None
-    if n <= 0:
+    if n <= 0 or not _may_take(s, row, global_left[0]):
         return
     room = new.allowed
     new.allowed = min(room, new.opened + max(0, global_left[0]))
