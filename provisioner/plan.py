@@ -309,7 +309,8 @@ def _may_take(s: SiteRow, row: Row, global_left: int) -> bool:
     pilot and none of its open pilots has the room for one job (cheap pre-check)."""
     new = s.new
     assert new is not None
-    return _pilots_left(s, global_left) > 0 or new.may_fit(row.item)
+    # `_pilots_left(s, global_left) > 0`, inlined: this runs per row and site
+    return (global_left > 0 and new.allowed > new.opened) or new.may_fit(row.item)
 
 
 def _place(s: SiteRow, row: Row, n: int, global_left: list[int]) -> None:
