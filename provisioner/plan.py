@@ -76,8 +76,7 @@ _TIERS: tuple[PilotState, ...] = (
     PilotState.STARTING,
     PilotState.PENDING,
 )
-_TIER_OF = {state: i for i, state in enumerate(_TIERS)}
-_WHOLE = _TIER_OF[PilotState.STARTING]  # from this tier on a pilot counts whole
+_WHOLE = _TIERS.index(PilotState.STARTING)  # from this tier on a pilot counts whole
 
 
 @dataclass
@@ -168,9 +167,9 @@ def add_capacity(sites: dict[str, SiteRow], snapshot: Snapshot, now: float,
     times = {name: (s.config.pilot.walltime_s, s.config.pilot.shutdown_margin_s)
              for name, s in sites.items()}
     for p in snapshot.pilots:
-        tier = _TIER_OF.get(p.state)  # identity first: no enum hashing on a hit
-        if tier is None:
+        if p.state not in _TIERS:  # a tuple: found by identity (an enum hashes in Python)
             continue
+        tier = _TIERS.index(p.state)
         if tier < _WHOLE:
             if p.free_cpus <= 0:
                 continue
