@@ -24,7 +24,6 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import product
 
 from provisioner.config import Config, SiteConfig
 from provisioner.matching import (
@@ -46,13 +45,12 @@ from provisioner.model import (
 )
 from provisioner.packing import (
     INF,
+    NO_SHARE,
     BinGroup,
     CapacityIndex,
-    NO_SHARE,
     GpuShare,
     Item,
     NewPilots,
-    pilot_share,
 )
 from provisioner.placement import (
     costs_of,
@@ -194,10 +192,10 @@ def add_capacity(sites: dict[str, SiteRow], snapshot: Snapshot, now: float,
     for (site_name, tier, c, m, g, share_c, share_m), members in raw.items():
         members.sort(key=_latest_first)  # stable: equal ends keep snapshot order
         untils = [u for u, _p in members]
-        share = GpuShare(share_c, share_m) if share_c or share_m else NO_SHARE
         by_index.setdefault((site_name, tier), []).append(
             BinGroup(c, m, g, untils[0], len(members), [p for _u, p in members],
-                     untils=untils, share=share))
+                     untils=untils,
+                     share=GpuShare(share_c, share_m) if share_c or share_m else NO_SHARE))
     for site_name, tier in sorted(by_index):
         sites[site_name].existing[tier] = CapacityIndex(by_index[site_name, tier], registry)
 
