@@ -70,8 +70,15 @@ def site_rejects(shape: JobShape, site: SiteConfig, item: Item | None = None) ->
 
 
 def fitting_sites(shape: JobShape, sites: Sequence[SiteConfig], item: Item) -> list[str]:
-    """Names of the sites that can run `shape`, in the order of `sites`."""
-    return [s.name for s in sites if not site_rejects(shape, s, item)]
+    """Names of the sites that can run `shape`, in the order of `sites`: those
+    `site_rejects` has no reason against, by the same checks inlined (this runs per shape
+    and site in every cycle)."""
+    desired, runtime = shape.desired_sites, shape.runtime_s
+    c, m, g = item.cpus, item.memory_mb, item.gpus
+    return [s.name for s in sites
+            if (not desired or s.name in desired)
+            and c <= s.pilot.cpus and m <= s.pilot.memory_mb and g <= s.pilot.gpus
+            and (runtime is None or runtime <= s.pilot.usable_s)]
 
 
 def unmatchable_reason(shape: JobShape, sites: Sequence[SiteConfig]) -> str:

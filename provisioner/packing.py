@@ -212,12 +212,13 @@ class CapacityIndex:
                 if g.free_gpus < gp or g.usable_until < deadline:
                     j += 1
                     continue
-                ok = g.usable(deadline)
+                untils = g.untils  # all bins usable: the common case, checked inline
+                ok = g.count if not untils or untils[-1] >= deadline else g.usable(deadline)
                 if ok < g.count:  # only the bins that end late enough take this job
                     g = g.split(ok)
                     self.registry.append(g)
                     bucket.insert(j, g)
-                k = g.per_bin(item)
+                k = item.per_bin(g.free_cpus, g.free_mem, g.free_gpus, g.share)
                 if k == 0:  # the cores or memory left are kept for GPU jobs
                     j += 1
                     continue
@@ -296,6 +297,10 @@ class NewPilots:
     def __post_init__(self) -> None:
         self.open = CapacityIndex([], self.registry)
         self.open_gpu = CapacityIndex([], self.registry)
+
+    def may_fit(self, item: Item) -> bool:
+        """False only if no pilot opened this cycle has the room for one job of `item`."""
+        return (self.open_gpu if item.gpus > 0 else self.open).may_fit(item)
 
     def fill(self, item: Item, n: int) -> int:
         """Place up to `n` jobs: first into pilots opened this cycle, then into new ones;

@@ -72,11 +72,12 @@ def slow_pending(snapshot: Snapshot, config: Config, now: float, leads: Mapping[
     if best == math.inf:
         return {}
     placement = config.policy.placement
+    estimates = {name: estimate_of(name, snapshot.estimates, placement) for name in known}
     out = {}
     for p in snapshot.pilots:
         if p.state is not PilotState.PENDING or p.site not in known:
             continue
-        est = estimate_of(p.site, snapshot.estimates, placement)
+        est = estimates[p.site]
         age = max(0.0, now - p.submitted_at)
         ready = max(est.wait_s - age, age) + est.boot_s
         if ready > best + placement.hedge_margin_s:

@@ -24,7 +24,6 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import product
 
 from provisioner.config import Config, SiteConfig
 from provisioner.matching import (
@@ -46,12 +45,12 @@ from provisioner.model import (
 )
 from provisioner.packing import (
     INF,
+    NO_SHARE,
     BinGroup,
     CapacityIndex,
     GpuShare,
     Item,
     NewPilots,
-    pilot_share,
 )
 from provisioner.placement import (
     costs_of,
@@ -75,6 +74,7 @@ _TIERS: tuple[PilotState, ...] = (
     PilotState.STARTING,
     PilotState.PENDING,
 )
+_WHOLE = _TIERS.index(PilotState.STARTING)  # from this tier on a pilot counts whole
 
 
 @dataclass
@@ -105,16 +105,17 @@ class SiteRow:
         return (self.held + opened) / max(1, self.config.caps.max_pilots)
 
 
-def _deadline(p: Pilot, site: SiteConfig, now: float) -> float | None:
+def _deadline(p: Pilot, walltime_s: int, margin_s: int, now: float) -> float | None:
     """When SLURM ends pilot `p` (INF while pending), or None if `p` takes no new work:
-    within the shutdown margin of its end, the pilot stops starting jobs."""
+    within the shutdown `margin_s` of its end, the pilot stops starting jobs (a pilot
+    whose end is not known ends `walltime_s` after its start)."""
     if p.state is PilotState.PENDING:
         return INF  # gets a full walltime when it starts; runtime fit was checked per site
     end = p.walltime_end
     if end is None:
         start = p.started_at if p.started_at is not None else now
-        end = start + site.pilot.walltime_s
-    if end - site.pilot.shutdown_margin_s <= now:
+        end = start + walltime_s
+    if end - margin_s <= now:
         return None
     return end
 
@@ -158,34 +159,45 @@ def add_capacity(sites: dict[str, SiteRow], snapshot: Snapshot, now: float,
     """Existing capacity as identical-bin groups, one index per site and tier; pilots in
     `skip` are no capacity."""
     skip = frozenset(skip)
-    tier_of = {state: i for i, state in enumerate(_TIERS)}
-    whole = (PilotState.PENDING, PilotState.STARTING)
-    raw: dict[tuple[str, int], dict[tuple[int, int, int, GpuShare],
-                                     list[tuple[float, Pilot]]]] = (
-        defaultdict(lambda: defaultdict(list)))
+    # (site, tier, free cpus, memory and GPUs, GPU share's cpus and memory) -> pilots
+    raw: dict[tuple[str, int, int, int, int, int, int], list[tuple[float, Pilot]]] = {}
+    # per site: (walltime of a fresh pilot, shutdown margin), looked up once
+    times = {name: (s.config.pilot.walltime_s, s.config.pilot.shutdown_margin_s)
+             for name, s in sites.items()}
     for p in snapshot.pilots:
-        row = sites.get(p.site)
-        tier = tier_of.get(p.state)
-        if row is None or tier is None or p.key in skip or p.limit_reason:
-            continue  # a pilot pending at a job-count limit is no capacity on its way
-        if p.state in whole:
-            free = (p.cpus, p.memory_mb, p.gpus)
-        elif p.free_cpus > 0:
+        if p.state not in _TIERS:  # a tuple: found by identity (an enum hashes in Python)
+            continue
+        tier = _TIERS.index(p.state)
+        if tier < _WHOLE:
+            if p.free_cpus <= 0:
+                continue
             free = (p.free_cpus, p.free_memory_mb, p.free_gpus)
         else:
-            continue
-        end = _deadline(p, row.config, now)
+            free = (p.cpus, p.memory_mb, p.gpus)
+        site_times = times.get(p.site)
+        if site_times is None or p.limit_reason or p.key in skip:
+            continue  # a pilot pending at a job-count limit is no capacity on its way
+        end = _deadline(p, *site_times, now)
         if end is None:
             continue  # within the shutdown margin: not capacity any more
-        raw[(p.site, tier)][(*free, pilot_share(p))].append((end, p))
-    for (site_name, tier), by_free in sorted(raw.items()):
-        groups = []
-        for (c, m, g, share), members in by_free.items():
-            members.sort(key=_latest_first)  # stable: equal ends keep snapshot order
-            untils = [u for u, _p in members]
-            groups.append(BinGroup(c, m, g, untils[0], len(members),
-                                   [p for _u, p in members], untils=untils, share=share))
-        sites[site_name].existing[tier] = CapacityIndex(groups, registry)
+        # the GPU share (`gpu_share`) as a plain tuple: hashed in C; a `GpuShare` per group
+        share = (p.cpus // p.gpus, p.memory_mb // p.gpus) if p.gpus > 0 else (0, 0)
+        key = (p.site, tier, *free, *share)
+        members = raw.get(key)
+        if members is None:
+            raw[key] = [(end, p)]
+        else:
+            members.append((end, p))
+    by_index: dict[tuple[str, int], list[BinGroup]] = {}
+    for (site_name, tier, c, m, g, share_c, share_m), members in raw.items():
+        members.sort(key=_latest_first)  # stable: equal ends keep snapshot order
+        untils = [u for u, _p in members]
+        by_index.setdefault((site_name, tier), []).append(
+            BinGroup(c, m, g, untils[0], len(members), [p for _u, p in members],
+                     untils=untils,
+                     share=GpuShare(share_c, share_m) if share_c or share_m else NO_SHARE))
+    for site_name, tier in sorted(by_index):
+        sites[site_name].existing[tier] = CapacityIndex(by_index[site_name, tier], registry)
 
 
 def _latest_first(member: tuple[float, Pilot]) -> float:
@@ -196,20 +208,42 @@ def fill_existing(rows: Iterable[Row], sites: dict[str, SiteRow], now: float,
                   floor: Item) -> None:
     """Stage 2: each row's jobs into existing capacity, tier by tier (running pilots
     first, pending last), at its sites in the row's order."""
+    tiers = range(len(_TIERS))
+    # per tier: the most cores and memory any site's index may still have free (upper
+    # bounds: fills only lower them; `fresh` says whether they are exact again): a row
+    # larger than that skips the tier
+    bounds = [_tier_bound(sites.values(), tier) for tier in tiers]
+    fresh = [True for _tier in tiers]
     for row in rows:
         deadline = now + (row.item.runtime_s or 0)
-        for tier, site_name in product(range(len(_TIERS)), row.sites):
-            bins = sites[site_name].existing.get(tier)
-            if bins is None or not bins.may_fit(row.item):
-                continue  # nothing there can hold this job (cheap pre-check)
-            got = bins.fill(row.item, row.left, deadline, floor)
-            if row.reserve:
-                sites[site_name].absorbed_reserve += got
-            else:
-                sites[site_name].absorbed += got
-            row.left -= got
+        c, m = row.item.cpus, row.item.memory_mb
+        for tier in tiers:
+            if c <= bounds[tier][0] and m <= bounds[tier][1] and not fresh[tier]:
+                bounds[tier], fresh[tier] = _tier_bound(sites.values(), tier), True
+            if c > bounds[tier][0] or m > bounds[tier][1]:
+                continue  # no site's index can hold this job (cheap pre-check)
+            for site_name in row.sites:
+                bins = sites[site_name].existing.get(tier)
+                if bins is None or not bins.may_fit(row.item):
+                    continue  # nothing there can hold this job (cheap pre-check)
+                got = bins.fill(row.item, row.left, deadline, floor)
+                fresh[tier] = False
+                if row.reserve:
+                    sites[site_name].absorbed_reserve += got
+                else:
+                    sites[site_name].absorbed += got
+                row.left -= got
+                if row.left == 0:
+                    break
             if row.left == 0:
                 break
+
+
+def _tier_bound(sites: Iterable[SiteRow], tier: int) -> tuple[int, int]:
+    """The most free cores and the most free memory of any site's index at `tier`."""
+    indexes = [s.existing[tier] for s in sites if tier in s.existing]
+    return (max((i.max_cpus for i in indexes), default=0),
+            max((i.max_mem for i in indexes), default=0))
 
 
 def fill_new(rows: Iterable[Row], sites: dict[str, SiteRow], global_left: int,
@@ -228,9 +262,15 @@ def fill_new(rows: Iterable[Row], sites: dict[str, SiteRow], global_left: int,
             for name in row.sites:
                 sites[name].offered_jobs += row.left
                 sites[name].offered_cpus += row.left * row.item.cpus
+        if not any(_may_take(sites[name], row, left[0]) for name in row.sites):
+            continue  # no site can open a pilot or has an open one that fits: no change
         for tier in ranked(row, costs, min_cpus, tie_share):
             if row.left == 0:
                 break
+            if not any(_pilots_left(sites[name], left[0]) for name in tier):
+                for name in tier:  # the split would be all zeros: only open pilots take
+                    _place(sites[name], row, row.left, left)
+                continue
             per = [_per_pilot(sites[name], row) for name in tier]
             capacity = [_pilots_left(sites[name], left[0]) * k
                         for name, k in zip(tier, per, strict=True)]
@@ -261,11 +301,20 @@ def _pilots_left(s: SiteRow, global_left: int) -> int:
     return max(0, min(new.allowed, new.opened + global_left) - new.opened)
 
 
+def _may_take(s: SiteRow, row: Row, global_left: int) -> bool:
+    """False only if `_place` would put none of the row's jobs at `s`: it can open no
+    pilot and none of its open pilots has the room for one job (cheap pre-check)."""
+    new = s.new
+    assert new is not None
+    # `_pilots_left(s, global_left) > 0`, inlined: this runs per row and site
+    return (global_left > 0 and new.allowed > new.opened) or new.may_fit(row.item)
+
+
 def _place(s: SiteRow, row: Row, n: int, global_left: list[int]) -> None:
     """Up to `n` of the row's jobs into new pilots at `s`, within the global cap."""
     new = s.new
     assert new is not None
-    if n <= 0:
+    if n <= 0 or not _may_take(s, row, global_left[0]):
         return
     room = new.allowed
     new.allowed = min(room, new.opened + max(0, global_left[0]))

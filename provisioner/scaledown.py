@@ -32,7 +32,8 @@ from provisioner.model import (
     Unretire,
 )
 
-_WARM = frozenset((PilotState.IDLE, PilotState.STARTING, PilotState.PENDING))
+# a tuple, not a set: membership by identity (an enum member hashes in Python)
+_WARM = (PilotState.IDLE, PilotState.STARTING, PilotState.PENDING)
 
 
 def _idle_observations(snapshot: Snapshot, p: Pilot, now: float) -> int:
@@ -73,6 +74,7 @@ def pilot_actions(
     for p in snapshot.pilots:
         if site_ok.get(p.site, False):
             by_site[p.site].append(p)
+    flagged_at, retiring_now = snapshot.flagged, snapshot.retiring  # looked up per pilot
     n_release = config.policy.idle_release_cycles
     retire_ok = config.policy.retire_when_done and spare
     for site_name, pilots in sorted(by_site.items()):
@@ -83,8 +85,8 @@ def pilot_actions(
         releases: list[Pilot] = []
         spare_busy: list[Pilot] = []
         for p in pilots:
-            flagged = p.key in snapshot.flagged
-            retiring = p.key in snapshot.retiring
+            flagged = p.key in flagged_at
+            retiring = p.key in retiring_now
             if p.state is PilotState.BUSY:
                 if flagged:
                     out.append(Unflag(p, "busy again"))

@@ -1,0 +1,199 @@
+"""The fast paths of plan() decide exactly as the straightforward code they replaced.
+
+The references below are the stages as they were before they were made fast (issue 25: plan()
+on the 100k-job snapshot): every row visits every tier and site, every pilot is grouped
+through nested maps, every site is checked through `site_rejects`. plan() with the
+references patched in must return the same Plan, on random snapshots and on small synthetic
+ones of the benchmark's kind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from contextlib import ExitStack
+from itertools import product
+from unittest import mock
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import provisioner.matching as matching
+import provisioner.plan as plan_module
+from bench.sim.synthetic import synthetic_snapshot
+from provisioner.config import Config, SiteConfig
+from provisioner.matching import Row, fitting_sites, item_of, site_rejects
+from provisioner.model import Pilot, PilotState, Plan, Snapshot
+from provisioner.packing import INF, BinGroup, CapacityIndex, GpuShare, Item, pilot_share
+from provisioner.placement import ranked, shares, whole_pilots
+from provisioner.plan import _TIERS, SiteRow, _per_pilot, _pilots_left, plan
+
+from .test_plan_properties import SETTINGS, scenarios, shapes
+
+
+def ref_deadline(p: Pilot, site: SiteConfig, now: float) -> float | None:
+    if p.state is PilotState.PENDING:
+        return INF
+    end = p.walltime_end
+    if end is None:
+        start = p.started_at if p.started_at is not None else now
+        end = start + site.pilot.walltime_s
+    if end - site.pilot.shutdown_margin_s <= now:
+        return None
+    return end
+
+
+def ref_add_capacity(sites: dict[str, SiteRow], snapshot: Snapshot, now: float,
+                     registry: list[BinGroup], skip: Iterable[str] = ()) -> None:
+    skip = frozenset(skip)
+    tier_of = {state: i for i, state in enumerate(_TIERS)}
+    whole = (PilotState.PENDING, PilotState.STARTING)
+    raw: dict[tuple[str, int], dict[tuple[int, int, int, GpuShare],
+                                     list[tuple[float, Pilot]]]] = (
+        defaultdict(lambda: defaultdict(list)))
+    for p in snapshot.pilots:
+        row = sites.get(p.site)
+        tier = tier_of.get(p.state)
+        if row is None or tier is None or p.key in skip or p.limit_reason:
+            continue
+        if p.state in whole:
+            free = (p.cpus, p.memory_mb, p.gpus)
+        elif p.free_cpus > 0:
+            free = (p.free_cpus, p.free_memory_mb, p.free_gpus)
+        else:
+            continue
+        end = ref_deadline(p, row.config, now)
+        if end is None:
+            continue
+        raw[(p.site, tier)][(*free, pilot_share(p))].append((end, p))
+    for (site_name, tier), by_free in sorted(raw.items()):
+        groups = []
+        for (c, m, g, share), members in by_free.items():
+            members.sort(key=lambda member: -member[0])
+            untils = [u for u, _p in members]
+            groups.append(BinGroup(c, m, g, untils[0], len(members),
+                                   [p for _u, p in members], untils=untils, share=share))
+        sites[site_name].existing[tier] = CapacityIndex(groups, registry)
+
+
+def ref_fill_existing(rows: Iterable[Row], sites: dict[str, SiteRow], now: float,
+                      floor: Item) -> None:
+    for row in rows:
+        deadline = now + (row.item.runtime_s or 0)
+        for tier, site_name in product(range(len(_TIERS)), row.sites):
+            bins = sites[site_name].existing.get(tier)
+            if bins is None or not bins.may_fit(row.item):
+                continue
+            got = bins.fill(row.item, row.left, deadline, floor)
+            if row.reserve:
+                sites[site_name].absorbed_reserve += got
+            else:
+                sites[site_name].absorbed += got
+            row.left -= got
+            if row.left == 0:
+                break
+
+
+def ref_place(s: SiteRow, row: Row, n: int, global_left: list[int]) -> None:
+    new = s.new
+    assert new is not None
+    if n <= 0:
+        return
+    room = new.allowed
+    new.allowed = min(room, new.opened + max(0, global_left[0]))
+    before = new.opened
+    got = new.fill(row.item, min(n, row.left))
+    new.allowed = room
+    global_left[0] -= new.opened - before
+    row.left -= got
+    if row.reserve:
+        s.new_reserve += got
+    else:
+        s.new_jobs += got
+
+
+def ref_fill_new(rows: Iterable[Row], sites: dict[str, SiteRow], global_left: int,
+                 costs: Mapping[str, float], tie_share: float) -> int:
+    left = [global_left]
+    min_cpus = {name: s.config.pilot.min_cpus for name, s in sites.items()}
+    for row in rows:
+        if row.left == 0:
+            continue
+        if not row.reserve:
+            for name in row.sites:
+                sites[name].offered_jobs += row.left
+                sites[name].offered_cpus += row.left * row.item.cpus
+        for tier in ranked(row, costs, min_cpus, tie_share):
+            if row.left == 0:
+                break
+            per = [_per_pilot(sites[name], row) for name in tier]
+            capacity = [_pilots_left(sites[name], left[0]) * k
+                        for name, k in zip(tier, per, strict=True)]
+            load = [sites[name].load() for name in tier]
+            split = shares(row.left, capacity, load)
+            fill = [-(-min_cpus[name] // row.item.cpus) for name in tier]
+            if len(tier) > 1 and max(fill) > 1:
+                split = whole_pilots(split, capacity, per, fill,
+                                     [(costs[name], load[k]) for k, name in enumerate(tier)])
+            for name, n in zip(tier, split, strict=True):
+                ref_place(sites[name], row, n, left)
+            for name in tier:
+                ref_place(sites[name], row, row.left, left)
+    return left[0]
+
+
+def ref_fitting_sites(shape, sites, item):  # type: ignore[no-untyped-def]
+    return [s.name for s in sites if not site_rejects(shape, s, item)]
+
+
+def reference_plan(snapshot: Snapshot, config: Config, now: float) -> Plan:
+    with ExitStack() as stack:
+        for module, name, ref in (
+            (plan_module, "add_capacity", ref_add_capacity),
+            (plan_module, "fill_existing", ref_fill_existing),
+            (plan_module, "fill_new", ref_fill_new),
+            (matching, "fitting_sites", ref_fitting_sites),
+        ):
+            stack.enter_context(mock.patch.object(module, name, ref))
+        return plan(snapshot, config, now)
+
+
+@st.composite
+def with_gpu_pilots(draw: st.DrawFn) -> tuple[Snapshot, Config]:
+    """`scenarios()` with some pilots holding GPUs (a GPU share in their groups)."""
+    snap, cfg = draw(scenarios())
+    pilots = []
+    for p in snap.pilots:
+        gpus = draw(st.sampled_from((0, 0, 1, 2)))
+        if gpus:
+            p = dataclasses.replace(p, gpus=gpus, free_gpus=draw(st.integers(0, gpus)))
+        pilots.append(p)
+    return dataclasses.replace(snap, pilots=tuple(pilots)), cfg
+
+
+@SETTINGS
+@given(with_gpu_pilots(), st.sampled_from((0.0, 300.0, 90000.0)))
+def test_plan_decides_as_the_reference(sc: tuple[Snapshot, Config], later: float) -> None:
+    snap, cfg = sc
+    now = 100_000.0 + later
+    assert plan(snap, cfg, now) == reference_plan(snap, cfg, now)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_synthetic_snapshots_decide_as_the_reference(seed: int) -> None:
+    """Many shapes, pilots in every state, an unknown site, the per-cycle caps reached:
+    the benchmark's snapshot, smaller."""
+    snap, cfg = synthetic_snapshot(seed=seed, n_jobs=3000, n_shapes=60, n_pilots=400,
+                                   n_sites=(1, 3, 10)[seed % 3])
+    assert plan(snap, cfg, 1_000_000.0) == reference_plan(snap, cfg, 1_000_000.0)
+
+
+@SETTINGS
+@given(scenarios(), shapes)
+def test_fitting_sites_is_site_rejects(sc: tuple[Snapshot, Config],
+                                       shape: matching.JobShape) -> None:
+    _snap, cfg = sc
+    item = item_of(shape)
+    assert fitting_sites(shape, cfg.sites, item) == ref_fitting_sites(shape, cfg.sites, item)
