@@ -45,7 +45,10 @@ check_condor-schedd() { check_daemon_ad -schedd; }
 # The second submit host's schedd: in the collector, its queue readable from cm.
 check_condor-schedd-submit2() {
     local out
-    out=$(timeout 10 "$ON" cm -- condor_q -name submit2 -totals 2>&1) || { echo "$out"; return 1; }
+    # (condor_q -name wants a DNS host name; the bindings locate by the ad's Name)
+    out=$(timeout 10 "$ON" cm -- python3 -c 'import htcondor2 as h
+h.Schedd(h.Collector().locate(h.DaemonType.Schedd, "submit2")).query(projection=["ClusterId"])' \
+        2>&1) || { echo "$out"; return 1; }
 }
 
 check_tokens() { [ -s /etc/provisioner/tokens.d/provisioner ] && [ -s /root/.condor/tokens.d/provisioner ] && [ -s /etc/provisioner/pilot.token ] && [ -s /etc/condor/tokens.d/condor ]; }
