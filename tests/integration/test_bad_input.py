@@ -14,7 +14,7 @@ import yaml
 from conftest import CONFIG, ROOT_TOKEN_DIR, SITES, WORKERS, run, service_config, slurm
 from test_loop import clean_pool, jobs_left, submit, wait_for
 
-from provisioner.config import parse_config
+from provisioner.config import Config, parse_config
 from provisioner.model import Cancel, PilotState
 from provisioner.service import Provisioner
 
@@ -58,18 +58,27 @@ def workers_drained() -> Iterator[None]:
                 slurm(site, ["scontrol", "update", f"nodename={node}", "state=resume"])
 
 
+def cancel_unneeded_pending_at_once(config: Config) -> Config:
+    """`config` where a pending pilot no demand needs is cancelled in the first such
+    cycle (policy.placement.pending_cancel_cycles 1; the default waits 3 cycles)."""
+    placement = config.policy.placement.model_copy(update={"pending_cancel_cycles": 1})
+    policy = config.policy.model_copy(update={"placement": placement})
+    return config.model_copy(update={"policy": policy})
+
+
 def test_unreachable_collector_is_unknown_not_empty(tmp_path: Path, one_idle_job: str,
                                                     caplog: pytest.LogCaptureFixture) -> None:
     """With a pilot pending for the one idle job, a cycle that cannot read the pool
-    decides nothing; read as an empty queue, the same pilot would be cancelled (the
-    control at the end shows that)."""
+    decides nothing; read as an empty queue, the same pilot would be cancelled in that
+    one cycle (the control at the end shows that)."""
     with workers_drained():
-        real = Provisioner(service_config())
+        real = Provisioner(cancel_unneeded_pending_at_once(service_config()))
         real.run_cycle("test")
         pending = wait_for("a pending pilot", lambda: [
             p for p in real.observe().snapshot.pilots if p.state is PilotState.PENDING], 60)
         path = config_with(tmp_path, {"pool.collector": "127.0.0.1:9"})
-        prov = Provisioner(parse_config(path.read_text(), str(path)))
+        prov = Provisioner(cancel_unneeded_pending_at_once(
+            parse_config(path.read_text(), str(path))))
         cycle = prov.run_cycle("test", dry_run=True)
         assert not cycle.observation.snapshot.pool_known
         seen = {p.key for p in cycle.observation.snapshot.pilots}

@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 from collections.abc import Iterator
 from datetime import datetime
@@ -109,18 +110,19 @@ def assert_converged(svc: Service, watch: SiteWatch) -> None:
         assert watch.most[site] <= caps[site], (site, watch.most, watch.story(), svc.text())
 
 
-#: While this file exists, Frankfurt's second sbatch waits (the service is then in the
-#: middle of acting: one pilot submitted, the cycle not yet recorded) and then fails.
+#: While this directory exists, Frankfurt's second sbatch waits (the service is then in
+#: the middle of acting: one pilot submitted, the cycle not yet recorded) and then fails.
+#: World-writable: sbatch runs as the sites' pilot account.
 HOLD = Path("/run/test-hold-sbatch")
 #: Every testbed host shares /usr/local/bin, first on the PATH the SSH executor sets.
 SBATCH_HOOK = Path("/usr/local/bin/sbatch")
 HOOK_SCRIPT = f"""#!/bin/sh
 # test_faults: Frankfurt's second sbatch is held while {HOLD} exists, then refused.
-if [ -e {HOLD} ] && [ "$SLURM_CONF" = /etc/slurm-frankfurt/slurm.conf ]; then
-    echo sbatch >>{HOLD}
-    if [ "$(wc -l <{HOLD})" -ge 2 ]; then
-        touch {HOLD}.reached
-        while [ -e {HOLD} ]; do sleep 0.2; done
+if [ -d {HOLD} ] && [ "$SLURM_CONF" = /etc/slurm-frankfurt/slurm.conf ]; then
+    echo sbatch >>{HOLD}/calls
+    if [ "$(wc -l <{HOLD}/calls)" -ge 2 ]; then
+        touch {HOLD}/reached
+        while [ -d {HOLD} ]; do sleep 0.2; done
         echo "sbatch: held by the test, not submitted" >&2
         exit 1
     fi
@@ -133,17 +135,16 @@ exec /usr/bin/sbatch "$@"
 def held_second_sbatch_at_frankfurt() -> Iterator[Path]:
     """Frankfurt's second sbatch blocks until the block ends; yields the file that
     appears once it blocks."""
-    reached = Path(f"{HOLD}.reached")
-    reached.unlink(missing_ok=True)
-    HOLD.write_text("")
+    shutil.rmtree(HOLD, ignore_errors=True)
+    HOLD.mkdir()
+    HOLD.chmod(0o1777)
     SBATCH_HOOK.write_text(HOOK_SCRIPT)
     SBATCH_HOOK.chmod(0o755)
     try:
-        yield reached
+        yield HOLD / "reached"
     finally:
-        HOLD.unlink(missing_ok=True)
+        shutil.rmtree(HOLD, ignore_errors=True)
         SBATCH_HOOK.unlink(missing_ok=True)
-        reached.unlink(missing_ok=True)
 
 
 def test_kill_9_mid_cycle_then_restart_rebuilds_from_the_sites(service: Service) -> None:
@@ -363,10 +364,11 @@ def _running_on(cluster: str) -> list[str]:
 
 
 def _heard_from(name: str) -> int | None:
-    """When the collector last heard from startd `name` (None: no ad)."""
-    ads = htcondor.Collector().query(htcondor.AdType.Startd, constraint=f'Name == "{name}"',
-                                     projection=["LastHeardFrom"])
-    return int(ads[0]["LastHeardFrom"]) if ads else None
+    """When the collector last heard from startd `name` ("pilot-<site>-<job>@<host>"),
+    whose slots' ads are named "slot1@<name>", "slot1_1@<name>"... (None: no ad)."""
+    ads = htcondor.Collector().query(htcondor.AdType.Startd, constraint=(
+        f'Name == "slot1@{name}" || Name == "{name}"'), projection=["LastHeardFrom"])
+    return max(int(ad["LastHeardFrom"]) for ad in ads) if ads else None
 
 
 def _right_after_an_update(name: str) -> None:
