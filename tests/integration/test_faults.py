@@ -51,6 +51,7 @@ from test_loop import (
     pilot_process_counts,
     submit,
     submit_script,
+    submits_in,
     wait_for,
 )
 
@@ -399,7 +400,7 @@ def test_pilot_killed_under_a_running_job(service: Service) -> None:
         # job while that ghost ad is still in the collector (counted, it would have
         # taken the job back, and nothing would be submitted until the ad expired).
         submitted = wait_for("a pilot submitted for the requeued job", lambda: [
-            c for c in service.cycles()[mark:] if "actions: submit" in c], 180)
+            c for c in service.cycles()[mark:] if submits_in(c)], 180)
         assert _heard_from(startd) is not None, (
             f"the ghost ad left before the resubmission: {submitted}")
         wait_for("all jobs done", lambda: jobs_left(cluster) == 0, 360, step=2)

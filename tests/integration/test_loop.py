@@ -197,6 +197,12 @@ def service(clean: None, tmp_path: Path) -> Iterator[Path]:
         print(f"--- service log ---\n{svc.text()}")
 
 
+def submits_in(line: str) -> bool:
+    """Whether a cycle's summary line has a submission among its actions."""
+    return "actions:" in line and re.search(r"\bsubmit \d+ at ", line.split(
+        "actions:", 1)[1]) is not None
+
+
 def cycle_lines(logfile: Path) -> list[str]:
     return [line for line in logfile.read_text().splitlines() if " cycle " in line]
 
@@ -226,7 +232,7 @@ def test_jobs_run_on_pilots_at_both_sites_then_pilots_are_released(
     # at one 4-core pilot): the demand is placed across sites, not one site per cycle.
     wait_for("pilots at both sites", lambda: all(all_pilot_jobs().values()), 120)
     lines = cycle_lines(service)
-    first = next(i for i, line in enumerate(lines) if "actions: submit" in line)
+    first = next(i for i, line in enumerate(lines) if submits_in(line))
     both = " ".join(line.split("actions:")[1] for line in lines[first:first + 2])
     assert "at gsi" in both and "at frankfurt" in both, lines
     wait_for("all 8 jobs done", lambda: jobs_left(cluster) == 0, 240, step=2)
