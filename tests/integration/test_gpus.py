@@ -56,28 +56,3 @@ def gpu_pilot_of(ad: dict) -> bool:  # type: ignore[type-arg]
     """Whether the job ran on a pilot with GPUs: only those advertise RoomForCPUOnlyJobs
     (condor_config/pilot.conf), recorded in the job by job_machine_attrs."""
     return "MachineAttrRoomForCPUOnlyJobs0" in ad
-
-
-def test_while_gpu_jobs_wait_no_cpu_only_job_starts_on_a_gpu_pilot(
-        service: Path) -> None:  # noqa: F811
-    """CPU-only jobs first in the queue, then GPU jobs: the GPU pilots are sized to the
-    GPU jobs (1 core + 1 GPU each) and keep that core for them (their START), so however
-    the pilots join, no CPU-only job ever runs on one; every job completes, the GPU jobs
-    with their GPU. With the START clause switched off (in pilot.conf's GPU block,
-    ``PILOT_GPU_START = True``) a GPU pilot that joins while CPU-only jobs wait gives them
-    its core first, and this test fails."""
-    attrs = "job_machine_attrs = RoomForCPUOnlyJobs PilotSlurmJobId\n"
-    cpu = submit_script("cpuonly", "sleep 40; echo job-$1-ok\n", 4, extra=attrs)
-    gpu = submit_script("gpujobs", SCRIPT, 2, extra="request_gpus = 1\n" + attrs)
-    wait_for("every job done", lambda: jobs_left(cpu) + jobs_left(gpu) == 0, 300, step=2)
-    history = [dict(a) for a in htcondor.Schedd().history(
-        constraint=f"ClusterId == {cpu} || ClusterId == {gpu}",
-        projection=["ClusterId", "ProcId", "RequestGPUs", "MachineAttrRoomForCPUOnlyJobs0",
-                    "MachineAttrPilotSlurmJobId0", "NumJobStarts"])]
-    assert len(history) == 6, history
-    on_gpu_pilots = [a for a in history if a["ClusterId"] == int(cpu) and gpu_pilot_of(a)]
-    assert on_gpu_pilots == [], on_gpu_pilots
-    assert all(gpu_pilot_of(a) for a in history if a["ClusterId"] == int(gpu)), history
-    assert all(a.get("NumJobStarts", 1) == 1 for a in history), history
-    assert_clean_completion("cpuonly", 4)
-    assert_clean_completion("gpujobs", 2, outputs=False)
