@@ -16,8 +16,18 @@ local function limit()
     return n
 end
 
+-- slurm.jobs is rebuilt (a new table) only when a job changed in a later second than
+-- the last rebuild: a burst within one second sees the same table, without the jobs it
+-- has just accepted. So the jobs accepted since the table last changed are counted here.
+local seen_table = nil
+local unseen = {}
+
 local function held(user_id)
-    local n = 0
+    if slurm.jobs ~= seen_table then
+        seen_table = slurm.jobs
+        unseen = {}
+    end
+    local n = unseen[user_id] or 0
     for _, job in pairs(slurm.jobs or {}) do
         -- base state (low byte): 0 pending, 1 running, 2 suspended
         if job.user_id == user_id and (job.job_state % 256) < 3 then n = n + 1 end
@@ -35,6 +45,7 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
         slurm.log_user("QOSMaxSubmitJobPerUserLimit")
         return POLICY
     end
+    if ok2 then unseen[job_desc.user_id] = (unseen[job_desc.user_id] or 0) + 1 end
     return slurm.SUCCESS
 end
 
