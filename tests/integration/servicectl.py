@@ -4,6 +4,7 @@ what the sites and the pool did meanwhile."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -11,7 +12,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import htcondor2 as htcondor
@@ -19,6 +20,23 @@ import yaml
 from conftest import CONFIG, SITES, slurm
 
 SERVICE_USER = "provisioner"
+
+
+#: Every testbed host shares /usr/local/bin, first on the PATH the SSH executor sets: an
+#: sbatch there stands in front of SLURM's own.
+SBATCH_HOOK = Path("/usr/local/bin/sbatch")
+
+
+@contextlib.contextmanager
+def sbatch_hook(body: str) -> Iterator[None]:
+    """While the block runs, every sbatch at every site first runs `body` (sh; it may
+    exit to refuse or wait), then SLURM's own sbatch."""
+    SBATCH_HOOK.write_text(f"#!/bin/sh\n{body}\nexec /usr/bin/sbatch \"$@\"\n")
+    SBATCH_HOOK.chmod(0o755)
+    try:
+        yield
+    finally:
+        SBATCH_HOOK.unlink(missing_ok=True)
 
 
 def service_dir() -> Path:

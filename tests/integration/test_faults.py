@@ -38,6 +38,7 @@ from servicectl import (
     job_events,
     pilot_ads,
     pilot_ids,
+    sbatch_hook,
     service_dir,
     write_config,
 )
@@ -115,10 +116,7 @@ def assert_converged(svc: Service, watch: SiteWatch) -> None:
 #: the middle of acting: one pilot submitted, the cycle not yet recorded) and then fails.
 #: World-writable: sbatch runs as the sites' pilot account.
 HOLD = Path("/run/test-hold-sbatch")
-#: Every testbed host shares /usr/local/bin, first on the PATH the SSH executor sets.
-SBATCH_HOOK = Path("/usr/local/bin/sbatch")
-HOOK_SCRIPT = f"""#!/bin/sh
-# test_faults: Frankfurt's second sbatch is held while {HOLD} exists, then refused.
+HOOK_SCRIPT = f"""# test_faults: Frankfurt's second sbatch waits while {HOLD} exists, then fails.
 if [ -d {HOLD} ] && [ "$SLURM_CONF" = /etc/slurm-frankfurt/slurm.conf ]; then
     echo sbatch >>{HOLD}/calls
     if [ "$(wc -l <{HOLD}/calls)" -ge 2 ]; then
@@ -127,9 +125,7 @@ if [ -d {HOLD} ] && [ "$SLURM_CONF" = /etc/slurm-frankfurt/slurm.conf ]; then
         echo "sbatch: held by the test, not submitted" >&2
         exit 1
     fi
-fi
-exec /usr/bin/sbatch "$@"
-"""
+fi"""
 
 
 @contextlib.contextmanager
@@ -139,13 +135,11 @@ def held_second_sbatch_at_frankfurt() -> Iterator[Path]:
     shutil.rmtree(HOLD, ignore_errors=True)
     HOLD.mkdir()
     HOLD.chmod(0o1777)
-    SBATCH_HOOK.write_text(HOOK_SCRIPT)
-    SBATCH_HOOK.chmod(0o755)
     try:
-        yield HOLD / "reached"
+        with sbatch_hook(HOOK_SCRIPT):
+            yield HOLD / "reached"
     finally:
         shutil.rmtree(HOLD, ignore_errors=True)
-        SBATCH_HOOK.unlink(missing_ok=True)
 
 
 def test_kill_9_mid_cycle_then_restart_rebuilds_from_the_sites(service: Service) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import htcondor2 as htcondor
 from conftest import slurm
+from servicectl import sbatch_hook
 from test_loop import (  # noqa: F401 (clean, service: fixtures)
     ALICE,
     assert_clean_completion,
@@ -52,7 +53,45 @@ def test_a_gpu_job_gets_a_pilot_with_one_gpu_and_runs_with_it(service: Path) -> 
     assert out.strip().endswith("job-0-ok"), out
 
 
+def running(cluster: str) -> int:
+    return len(htcondor.Schedd().query(f"ClusterId == {cluster} && JobStatus == 2",
+                                       projection=["ProcId"]))
+
+
 def gpu_pilot_of(ad: dict) -> bool:  # type: ignore[type-arg]
     """Whether the job ran on a pilot with GPUs: only those advertise RoomForCPUOnlyJobs
-    (condor_config/pilot.conf), recorded in the job by job_machine_attrs."""
-    return "MachineAttrRoomForCPUOnlyJobs0" in ad
+    (condor_config/pilot.conf), recorded in the job by job_machine_attrs. The job ad of
+    one that ran elsewhere holds the attribute too, as undefined: only a boolean counts."""
+    return isinstance(ad.get("MachineAttrRoomForCPUOnlyJobs0"), bool)
+
+def test_while_gpu_jobs_wait_no_cpu_only_job_starts_on_a_gpu_pilot(
+        service: Path) -> None:  # noqa: F811
+    """CPU-only jobs first in the queue, then GPU jobs: the GPU pilot is sized to the GPU
+    jobs (1 core + 1 GPU each) and keeps those cores for them (its START). Frankfurt's
+    sbatch fails (busy, a test hook) until the GPU pilot has started two jobs, so when it
+    joins the CPU-only jobs wait before the GPU jobs with nowhere else to go: it must
+    still start the GPU jobs and no CPU-only job. Then every job completes, the GPU jobs
+    with their GPU. With the START clause switched off (pilot.conf's GPU block,
+    ``PILOT_GPU_START = True``) the pilot takes two CPU-only jobs and this test fails
+    (checked)."""
+    attrs = "job_machine_attrs = RoomForCPUOnlyJobs PilotSlurmJobId\n"
+    busy = ('[ "$SLURM_CONF" = /etc/slurm-frankfurt/slurm.conf ] && '
+            '{ echo "sbatch: error: Slurm temporarily unavailable (test)" >&2; exit 1; }')
+    with sbatch_hook(busy):
+        cpu = submit_script("cpuonly", "sleep 40; echo job-$1-ok\n", 4, extra=attrs)
+        gpu = submit_script("gpujobs", SCRIPT, 2, extra="request_gpus = 1\n" + attrs)
+        wait_for("two jobs started on the GPU pilot",
+                 lambda: running(cpu) + running(gpu) >= 2, 180, step=1)
+        assert running(cpu) == 0, "a CPU-only job started on the GPU pilot"
+    wait_for("every job done", lambda: jobs_left(cpu) + jobs_left(gpu) == 0, 300, step=2)
+    history = [dict(a) for a in htcondor.Schedd().history(
+        constraint=f"ClusterId == {cpu} || ClusterId == {gpu}",
+        projection=["ClusterId", "ProcId", "RequestGPUs", "MachineAttrRoomForCPUOnlyJobs0",
+                    "MachineAttrPilotSlurmJobId0", "NumJobStarts"])]
+    assert len(history) == 6, history
+    on_gpu_pilots = [a for a in history if a["ClusterId"] == int(cpu) and gpu_pilot_of(a)]
+    assert on_gpu_pilots == [], on_gpu_pilots
+    assert all(gpu_pilot_of(a) for a in history if a["ClusterId"] == int(gpu)), history
+    assert all(a.get("NumJobStarts", 1) == 1 for a in history), history
+    assert_clean_completion("cpuonly", 4)
+    assert_clean_completion("gpujobs", 2, outputs=False)
