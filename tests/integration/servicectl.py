@@ -17,7 +17,7 @@ from pathlib import Path
 
 import htcondor2 as htcondor
 import yaml
-from conftest import CONFIG, SITES, slurm
+from conftest import CONFIG, SITES, WORKERS, slurm
 
 SERVICE_USER = "provisioner"
 
@@ -37,6 +37,21 @@ def sbatch_hook(body: str) -> Iterator[None]:
         yield
     finally:
         SBATCH_HOOK.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def workers_drained() -> Iterator[None]:
+    """Every worker node drained: pilots submitted meanwhile stay pending."""
+    for site in SITES:
+        for node in WORKERS[site]:
+            slurm(site, ["scontrol", "update", f"nodename={node}", "state=drain",
+                         "reason=test-drained"])
+    try:
+        yield
+    finally:
+        for site in SITES:
+            for node in WORKERS[site]:
+                slurm(site, ["scontrol", "update", f"nodename={node}", "state=resume"])
 
 
 def service_dir() -> Path:

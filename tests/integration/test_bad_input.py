@@ -3,15 +3,14 @@ scale-down or submission based on missing data (real daemons, real failures)."""
 
 from __future__ import annotations
 
-import contextlib
 import subprocess
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import CONFIG, ROOT_TOKEN_DIR, SITES, WORKERS, run, service_config, slurm
+from conftest import CONFIG, ROOT_TOKEN_DIR, run, service_config
+from servicectl import workers_drained
 from test_loop import clean_pool, jobs_left, submit, wait_for
 
 from provisioner.config import Config, parse_config
@@ -41,21 +40,6 @@ def one_idle_job() -> object:
     cluster = submit("waiting", 1, 1)
     yield cluster
     clean_pool()
-
-
-@contextlib.contextmanager
-def workers_drained() -> Iterator[None]:
-    """Every worker node drained: pilots submitted meanwhile stay pending."""
-    for site in SITES:
-        for node in WORKERS[site]:
-            slurm(site, ["scontrol", "update", f"nodename={node}", "state=drain",
-                         "reason=test-bad-input"])
-    try:
-        yield
-    finally:
-        for site in SITES:
-            for node in WORKERS[site]:
-                slurm(site, ["scontrol", "update", f"nodename={node}", "state=resume"])
 
 
 def cancel_unneeded_pending_at_once(config: Config) -> Config:

@@ -40,6 +40,7 @@ from servicectl import (
     pilot_ids,
     sbatch_hook,
     service_dir,
+    workers_drained,
     write_config,
 )
 from test_loop import (
@@ -252,29 +253,40 @@ def test_collector_restarted_while_jobs_run(service: Service) -> None:
     assert_completed("restart-collector", 4)
 
 
-def test_schedd_down_while_jobs_run(service: Service) -> None:
+def test_schedd_down_while_jobs_wait_for_a_pending_pilot(service: Service) -> None:
     """While the schedd is down the queue is unknown, not empty: cycles say so and act
-    on nothing (no retirement, release or cancel of the busy pilots). Jobs reconnect
-    when it is back. (With the second submit host up, the pool is read in part: "schedd
-    cm UNKNOWN"; without it, "pool UNKNOWN".)"""
-    cluster = submit("restart-schedd", 4, 60)
+    on nothing. A pilot is pending for the waiting jobs (every worker node drained) and
+    the service cancels a pending pilot no demand needs in the first such cycle
+    (pending_cancel_cycles 1), so one that read the unknown queue as empty would cancel
+    it at once (checked: with the rule switched off it does). When the schedd and the
+    nodes are back, the pilot runs the jobs. (With the second submit host up the pool
+    is read in part, "schedd cm UNKNOWN"; without it, "pool UNKNOWN".)"""
+    def cancel_at_once(data: dict) -> None:  # type: ignore[type-arg]
+        data["policy"].setdefault("placement", {})["pending_cancel_cycles"] = 1
+
+    service.config = write_config(service.config.parent, cancel_at_once)
     with SiteWatch() as watch:
-        service.start()
-        wait_for("jobs running", lambda: len(_running_on(cluster)) >= 2, 120)
-        mark = len(service.cycles())
-        run(["condor_off", "-daemon", "schedd"], env=ADMIN)
-        try:
-            down = wait_for("two cycles with the pool unknown", lambda: _cycles_after(
-                service, mark, "pool UNKNOWN", 2) or _cycles_after(
-                service, mark, "UNKNOWN (no scale-down)", 2), 90)
-            for line in down:  # type: ignore[attr-defined]
-                assert line.split("actions:")[1].startswith(" none"), line
-        finally:
-            run(["condor_on", "-daemon", "schedd"], env=ADMIN)
+        with workers_drained():
+            cluster = submit("restart-schedd", 2, 20)
+            service.start()
+            wait_for("a pilot pending", lambda: " 1 pending" in "".join(service.cycles()[-1:]),
+                     120)
+            pending = {site: pilot_ids(site) for site in SITES}
+            mark = len(service.cycles())
+            run(["condor_off", "-daemon", "schedd"], env=ADMIN)
+            try:
+                down = wait_for("two cycles with the pool unknown", lambda: _cycles_after(
+                    service, mark, "pool UNKNOWN", 2) or _cycles_after(
+                    service, mark, "UNKNOWN (no scale-down)", 2), 90)
+                for line in down:  # type: ignore[attr-defined]
+                    assert line.split("actions:")[1].startswith(" none"), line
+                assert {site: pilot_ids(site) for site in SITES} == pending, pending
+            finally:
+                run(["condor_on", "-daemon", "schedd"], env=ADMIN)
         wait_for("all jobs done", lambda: jobs_left(cluster) == 0, 300, step=2)
         assert_converged(service, watch)
     assert re.search(r"(pool|schedd \S+) unknown this cycle", service.text())
-    assert_completed("restart-schedd", 4)
+    assert_completed("restart-schedd", 2)
 
 
 def _slurmctld(site: str, start: bool) -> None:
