@@ -386,6 +386,19 @@ def _right_after_an_update(name: str) -> None:
              step=0.3)
 
 
+def _assert_ghost_not_counted(service: Service, site: str, key: str, startd: str,
+                              watch: SiteWatch) -> None:
+    """The service's own view of `site`, read now (`status --json`), does not count pilot
+    `key`, gone from SLURM, though its startd's ad is still in the collector."""
+    status = json.loads(run(["/opt/venv/bin/provisioner", "-c", str(service.config),
+                             "status", "--json"], user="provisioner").stdout)
+    assert _heard_from(startd) is not None, "the ghost ad left before it was judged"
+    [view] = [v for v in status["sites"] if v["name"] == site]
+    assert view["known"], view
+    counted = {k for v in view["pilots"].values() for k in v["keys"]}
+    assert key not in counted, (status, watch.story())
+
+
 def test_pilot_killed_under_a_running_job(service: Service) -> None:
     cluster = submit("killed", 1, 45)
     with SiteWatch() as watch:
@@ -393,6 +406,7 @@ def test_pilot_killed_under_a_running_job(service: Service) -> None:
         startd = wait_for("a job running", lambda: _running_on(cluster), 120)[0]  # type: ignore[index]
         name, host = startd.split("@")
         key = "/".join(name.removeprefix("pilot-").rsplit("-", 1))
+        site, job = key.split("/")
         _right_after_an_update(startd)
         assert kill_pilot_processes(host) > 0
         mark = len(service.cycles())
@@ -402,6 +416,10 @@ def test_pilot_killed_under_a_running_job(service: Service) -> None:
                  lambda: f"pilot {key} left SLURM while running jobs" in service.text()
                  or f"pilot {key}: startd ad in the collector but no SLURM job"
                  in service.text(), 120)
+        # SLURM has ended the batch job (its processes are gone); the startd's ad is
+        # still in the collector, and the service does not count it as a pilot.
+        wait_for("the pilot gone from SLURM", lambda: job not in pilot_ids(site), 60, step=1)
+        _assert_ghost_not_counted(service, site, key, startd, watch)
         # The dead pilot's ad is no capacity: a new pilot is submitted for the requeued
         # job while that ghost ad is still in the collector (counted, it would have
         # taken the job back, and nothing would be submitted until the ad expired).
@@ -635,13 +653,7 @@ def test_worker_link_cut_while_a_job_runs_there(service: Service) -> None:
             # not count it as a pilot.
             wait_for("the pilot gone from SLURM", lambda: job not in pilot_ids(site), 180,
                      step=2)
-            status = json.loads(run(["/opt/venv/bin/provisioner", "-c", str(service.config),
-                                     "status", "--json"], user="provisioner").stdout)
-            assert _heard_from(startd) is not None, "the ghost ad left before it was judged"
-            [view] = [v for v in status["sites"] if v["name"] == site]
-            assert view["known"], view
-            counted = {k for v in view["pilots"].values() for k in v["keys"]}
-            assert key not in counted, (status, watch.story())
+            _assert_ghost_not_counted(service, site, key, startd, watch)
             wait_for("all jobs done", lambda: jobs_left(cluster) == 0, 360, step=2)
         finally:
             _link(host, up=True)
