@@ -193,8 +193,8 @@ def failure_of(ad: Any) -> StartFailure | None:
     """An idle job's failed start, from its ad (`provisioner.failed_starts`)."""
     return start_failure(
         _int(ad, "VacateReasonCode"), _str(ad, "VacateReason"), _int(ad, "JobCurrentStartDate"),
-        _int(ad, "JobCurrentStartExecutingDate"), _int(ad, "NumJobCoolDowns"),
-        _int(ad, "NumShadowStarts"), _int(ad, "NumJobStarts"), _int(ad, "JobCoolDownExpiration"))
+        _int(ad, "JobCurrentStartExecutingDate"), _int(ad, "LastVacateTime"),
+        _int(ad, "NumJobCoolDowns"), _int(ad, "JobCoolDownExpiration"))
 
 
 def queue_view(ads: Iterable[Any], since: float | None = None, now: float | None = None

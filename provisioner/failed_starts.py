@@ -1,14 +1,20 @@
 """Jobs whose start failed (pure): read from their job ads, grouped by shape.
 
-HTCondor (23.7 on) sends a job whose starter fails with an error of its own back to idle
-instead of holding it: `VacateReasonCode` 1007 (StarterError), `VacateReason` "Error from
-<slot>: Singularity test failed: ..." for a container image that cannot be used. Such a
-start failed before the job ran when the job's `JobCurrentStartExecutingDate` is older
-than its `JobCurrentStartDate` (the attempt never began to execute). The pool's policy
-(condor_config/central-manager.conf) counts these starts as schedd cool-downs
-(`NumJobCoolDowns`) and holds the job after the third; until then the job is idle and is
-retried, and the last cool-down keeps it from starting before the hold. A job evicted for
-any other reason (pilot walltime, release, lost node) or after it ran is not failing.
+HTCondor sends a job whose starter fails with an error of its own back to idle instead
+of holding it: `VacateReasonCode` 1007 (StarterError), `VacateReason` "Error from
+<slot>: Singularity test failed: ..." for a container image that cannot be used, or
+"... The job wrapper failed to execute the job: ..." when the pilots' job wrapper finds
+no executable to run. Such a try failed at start when the job never really ran: it
+never began to execute (`JobCurrentStartExecutingDate` older than its
+`JobCurrentStartDate`), or it was vacated (`LastVacateTime`) at most
+`FAILED_START_WITHIN_S` after it began to. The second is the usual case: the starter
+reports the job executing (and `NumJobStarts` grows) just before the container test
+and the job wrapper run. The pool's policy (condor_config/central-manager.conf, the
+same rule) counts these starts as schedd cool-downs (`NumJobCoolDowns`) and holds the
+job after the third; until then the job is idle and is retried, and the last cool-down
+keeps it from starting before the hold. A job evicted for any other reason (pilot
+walltime, release, lost node), or ended by a starter error after it ran longer than
+the window, is not failing.
 
 The reports (`provisioner.stuck`, `provisioner status`) give this as the cause, instead of
 "idle beside an unclaimed pilot"; a job in its cool-down is not demand (no pilot can start
@@ -25,10 +31,14 @@ from provisioner.model import FailingStarts, JobShape
 #: CONDOR_HOLD_CODE::StarterError (src/condor_utils/condor_holdcodes.h): a starter's
 #: critical error without a hold code of its own.
 STARTER_ERROR = 1007
+#: PROVISIONER_FAILED_START_WITHIN_S of the pool's policy (condor_config; a unit test
+#: keeps the two equal): a try vacated by a starter error at most this long after the
+#: job began to execute failed at start (why this long: the comment there).
+FAILED_START_WITHIN_S = 60
 #: The job attributes read for it (added to the queue query's projection).
 START_ATTRS = ("VacateReasonCode", "VacateReason", "JobCurrentStartDate",
-               "JobCurrentStartExecutingDate", "NumJobCoolDowns", "NumShadowStarts",
-               "NumJobStarts", "JobCoolDownExpiration")
+               "JobCurrentStartExecutingDate", "LastVacateTime", "NumJobCoolDowns",
+               "JobCoolDownExpiration")
 
 
 @dataclass(frozen=True)
@@ -41,16 +51,29 @@ class StartFailure:
     cooling_until: float = 0.0
 
 
+def failed_at_start(start_date: int, executing_date: int, vacate_time: int,
+                    within_s: int = FAILED_START_WITHIN_S) -> bool:
+    """Whether a try the starter ended (1007) never really ran, as the pool's
+    PROVISIONER_START_FAILED decides it (0 where an attribute is absent): it never
+    began to execute (the executing date is an earlier try's, or none), or it was
+    vacated at most `within_s` after it began to."""
+    never_executed = executing_date < start_date
+    briefly = 0 < executing_date <= vacate_time <= executing_date + within_s
+    return never_executed or briefly
+
+
 def start_failure(vacate_code: int, vacate_reason: str, start_date: int,
-                  executing_date: int, cool_downs: int, shadow_starts: int,
-                  job_starts: int, cool_down_until: int) -> StartFailure | None:
+                  executing_date: int, vacate_time: int, cool_downs: int,
+                  cool_down_until: int) -> StartFailure | None:
     """The failed start of an idle job from its attributes (0 / "" where absent), or None
-    if its last try did not fail before it ran. The count is the schedd's cool-downs when
-    the pool runs the policy, else the tries that never ran."""
-    if vacate_code != STARTER_ERROR or start_date <= 0 or executing_date >= start_date:
+    if its last try did not fail at start. The count is the schedd's cool-downs (the
+    pool's policy counts failed starts so); without them (a pool without the policy),
+    only the last try is known to have failed: NumJobStarts cannot tell, the starter
+    counts these tries as starts."""
+    if vacate_code != STARTER_ERROR or not failed_at_start(start_date, executing_date,
+                                                           vacate_time):
         return None
-    failed = cool_downs if cool_downs > 0 else shadow_starts - job_starts
-    return StartFailure(max(1, failed), vacate_reason, float(max(0, cool_down_until)))
+    return StartFailure(max(1, cool_downs), vacate_reason, float(max(0, cool_down_until)))
 
 
 def cooling(failure: StartFailure | None, now: float | None) -> bool:

@@ -109,10 +109,11 @@ class SiteEstimate:
 
 @dataclass(frozen=True)
 class FailingStarts:
-    """Idle jobs of one shape whose last start failed before they ran (the starter's own
-    error, `provisioner.failed_starts`): `jobs` of them, the most failed starts among
-    them, one's error (VacateReason), and how many of them are in the schedd's cool-down
-    (not started again before the pool's policy holds them)."""
+    """Idle jobs of one shape whose last start failed before they really ran (the
+    starter's own error, `provisioner.failed_starts`): `jobs` of them, the most failed
+    starts among them (the schedd's cool-downs), one's error (VacateReason), and how
+    many of them are in the schedd's cool-down (not started again before the pool's
+    policy holds them)."""
 
     shape: JobShape
     jobs: int

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from provisioner.condor import JOB_ATTRS, queue_view
 from provisioner.controller import Controller
-from provisioner.failed_starts import START_ATTRS, cause, start_failure
+from provisioner.failed_starts import FAILED_START_WITHIN_S, START_ATTRS, cause, start_failure
 from provisioner.model import Demand, FailingStarts, JobShape, PilotState, Snapshot
 from provisioner.status import gather, render
 from tests.unit.helpers import NOW, config, pilot, site, snap
@@ -44,15 +44,26 @@ def world(state: str, failing: bool = True, pilot_state: PilotState = PilotState
     return replace(s, demand=demand, failing=record)
 
 
-def test_a_starter_error_before_the_job_ran_is_a_failed_start_and_nothing_else_is() -> None:
-    f = start_failure(1007, ERROR, 200, 0, 2, 5, 1, 260)
+def test_a_starter_error_before_the_job_really_ran_is_a_failed_start_and_nothing_else_is(
+        ) -> None:
+    # HTCondor 23.9: executing at 205, the container test failed at 206 (start, executing,
+    # vacate, cool-downs, cool-down end)
+    f = start_failure(1007, ERROR, 200, 205, 206, 2, 260)
     assert f is not None and f.failed_starts == 2 and f.cooling_until == 260
-    # no cool-down counted (a pool without the policy): the tries that never ran
-    assert start_failure(1007, ERROR, 200, 150, 0, 5, 2, 0).failed_starts == 3  # type: ignore[union-attr]
-    assert start_failure(1007, "out of memory", 200, 205, 0, 3, 3, 0) is None  # it ran
+    # never began to execute: the executing date is an earlier try's, or none
+    assert start_failure(1007, ERROR, 200, 150, 201, 2, 0).failed_starts == 2  # type: ignore[union-attr]
+    assert start_failure(1007, ERROR, 200, 0, 201, 0, 0).failed_starts == 1  # type: ignore[union-attr]
+    # no cool-down counted (a pool without the policy): only the last try is known
+    assert start_failure(1007, ERROR, 200, 205, 206, 0, 0).failed_starts == 1  # type: ignore[union-attr]
+    # up to the window after it began to execute, not a second more
+    edge = 205 + FAILED_START_WITHIN_S
+    assert start_failure(1007, ERROR, 200, 205, edge, 0, 0) is not None
+    assert start_failure(1007, "out of memory", 200, 205, edge + 1, 3, 0) is None  # it ran
+    assert start_failure(1007, ERROR, 200, 205, 0, 1, 0) is None  # no vacate time: unknown
     for code in (0, 6, 13, 1000, 1001, 1002, 1003, 1004, 1005, 1006, 1008):
-        assert start_failure(code, "x", 200, 0, 1, 3, 0, 0) is None, code
-    assert start_failure(1007, ERROR, 0, 0, 0, 0, 0, 0) is None  # never started
+        assert start_failure(code, "x", 200, 205, 206, 1, 0) is None, code
+        assert start_failure(code, "x", 200, 0, 201, 1, 0) is None, code
+    assert start_failure(1007, ERROR, 0, 0, 0, 0, 0) is None  # never started
     assert cause(ERROR).startswith("Singularity test failed:FATAL:")
     assert cause("plain text: here") == "plain text: here"
 
@@ -68,16 +79,19 @@ def ad(status: int = 1, **attrs: Any) -> Any:
 def test_the_queue_reads_failed_starts_and_a_cooling_job_is_not_demand() -> None:
     assert set(START_ATTRS) <= set(JOB_ATTRS)
     failed = {"VacateReasonCode": 1007, "VacateReason": ERROR, "JobCurrentStartDate": 200,
-              "NumJobCoolDowns": 2, "NumShadowStarts": 2}
+              "JobCurrentStartExecutingDate": 205, "LastVacateTime": 206,
+              "NumJobCoolDowns": 2, "NumShadowStarts": 2, "NumJobStarts": 2}
     ads = [ad(**failed, JobCoolDownExpiration=NOW - 1),  # retried next
            ad(**failed, JobCoolDownExpiration=NOW + 200),  # waits for the pool's hold
            ad(VacateReasonCode=1005, JobCurrentStartDate=200, NumShadowStarts=1),  # evicted
+           # ended by a starter error after it ran an hour: idle, not failing
+           ad(**{**failed, "LastVacateTime": 205 + 3600, "NumJobCoolDowns": 0}),
            ad(5, **failed)]  # held: not in the queue's idle jobs at all
     view = queue_view(ads, now=NOW)
-    assert [(d.shape, d.idle) for d in view.demand] == [(SHAPE, 2)]
+    assert [(d.shape, d.idle) for d in view.demand] == [(SHAPE, 3)]
     assert view.failing == (FailingStarts(SHAPE, 2, 2, ERROR, 1),)
     # without a time, nothing is taken to be cooling
-    assert queue_view(ads).demand[0].idle == 3
+    assert queue_view(ads).demand[0].idle == 4
 
 
 def test_the_issue_loop_is_reported_once_with_its_cause_never_as_stuck() -> None:

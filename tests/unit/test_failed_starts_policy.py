@@ -2,16 +2,25 @@
 submit.conf), read by HTCondor's own configuration parser and evaluated with the ClassAd
 bindings against job ads that go through what HTCondor 23.9's shadow and schedd do with
 them (src/condor_schedd.V6/schedd.cpp add_shadow_birthdate and Scheduler::jobExitCode,
-src/condor_shadow.V6.1/pseudo_ops.cpp pseudo_ulog, baseshadow.cpp evictJob):
+src/condor_shadow.V6.1/remoteresource.cpp beginExecution, pseudo_ops.cpp pseudo_ulog,
+baseshadow.cpp evictJob, src/condor_starter.V6.1/os_proc.cpp StartJob):
 
 - a shadow starts: NumShadowStarts + 1, JobCurrentStartDate = now, VacateReason* deleted;
-- the job begins to run: NumJobStarts + 1, JobCurrentStartExecutingDate = now;
+- the starter is about to spawn the job (or the job wrapper): NumJobStarts + 1,
+  JobCurrentStartExecutingDate = now (the execute event). This comes before the
+  container test and before the wrapper runs: a start that fails there has begun to
+  execute a second before it fails (a real 23.9 history ad: executing at t, vacated at
+  t + 1);
 - the starter fails (critical error): VacateReason "Error from <slot>: <error>",
   VacateReasonCode = the starter's hold code, or 1007 (StarterError) if it gave none
-  (the container test); the schedd evaluates SYSTEM_ON_VACATE_COOL_DOWN (a positive
-  value: NumJobCoolDowns + 1, JobCoolDownExpiration = now + value, the job idles);
-  otherwise a code below 1000 holds the job with VacateReason as HoldReason;
+  (the container test, the job wrapper's error file), LastVacateTime = now; the schedd
+  evaluates SYSTEM_ON_VACATE_COOL_DOWN (a positive value: NumJobCoolDowns + 1,
+  JobCoolDownExpiration = now + value, the job idles); otherwise a code below 1000 holds
+  the job with VacateReason as HoldReason;
 - SYSTEM_PERIODIC_HOLD_<Name> is evaluated on idle jobs every PERIODIC_EXPR_INTERVAL.
+
+The service reads the same ads (`provisioner.condor.failure_of`): it must call a try a
+failed start exactly when the pool does.
 """
 
 from __future__ import annotations
@@ -28,12 +37,25 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from provisioner.condor import failure_of
+from provisioner.failed_starts import FAILED_START_WITHIN_S
+
 classad = pytest.importorskip("classad2")
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "condor_config"
 NAME = "SYSTEM_PERIODIC_HOLD_ProvisionerFailedStarts"
+START_FAILED = "PROVISIONER_START_FAILED"
 KNOBS = ["SYSTEM_PERIODIC_HOLD_NAMES", NAME, f"{NAME}_REASON", f"{NAME}_SUBCODE",
-         "SYSTEM_ON_VACATE_COOL_DOWN", "SYSTEM_PERIODIC_HOLD", "SYSTEM_PERIODIC_HOLD_REASON"]
+         "SYSTEM_ON_VACATE_COOL_DOWN", "SYSTEM_PERIODIC_HOLD", "SYSTEM_PERIODIC_HOLD_REASON",
+         START_FAILED, "PROVISIONER_FAILED_START_WITHIN_S"]
+#: The two ways a try fails at start, as PROVISIONER_START_FAILED reads once expanded.
+NEVER_EXECUTED = "(JobCurrentStartExecutingDate ?: 0) < (JobCurrentStartDate ?: 0)"
+EXECUTED_BRIEFLY = ("((JobCurrentStartExecutingDate ?: 0) > 0 && (LastVacateTime ?: 0) >= "
+                    "JobCurrentStartExecutingDate && LastVacateTime - "
+                    f"JobCurrentStartExecutingDate <= {FAILED_START_WITHIN_S})")
+#: From the execute event to the failure of a start that fails in the starter's container
+#: test or the job wrapper (the real history ad: 1 s).
+FAILS_AFTER_S = 1
 READ_KNOBS = ("import htcondor2, json, sys\n"
               "print(json.dumps({k: htcondor2.param.get(k) for k in sys.argv[1:]}))\n")
 
@@ -46,6 +68,10 @@ NO_INPUT = ("Transfer input files failure at access point cm while sending files
             "/home/alice/in.dat: (errno 2) No such file or directory")
 NO_EXE = ("Error from slot1_1@pilot-gsi-8@node1: Failed to execute '/home/alice/gone.sh': "
           "(errno=2: 'No such file or directory')")
+#: The pilots' job wrapper found no executable (its error file, provisioner/pilot/files/
+#: job_wrapper.sh); the starter reports it as its own error.
+WRAPPER_NO_EXE = ("Error from slot1_1@pilot-gsi-8@node1: The job wrapper failed to execute "
+                  "the job: executable /home/alice/gone.sh does not exist on this worker node")
 OOM = "Error from slot1_1@pilot-gsi-8@node1: Worker node is out of memory"
 #: What the shadow sets when a pilot ends, is released or is lost (never a failed start).
 NORMAL_EVICTIONS = {1000: "PERIODIC_VACATE", 1001: "system policy vacate",
@@ -103,8 +129,11 @@ class Job:
     def runnable(self) -> bool:
         return self.status == 1 and self.ad.get("JobCoolDownExpiration", 0) < self.now
 
-    def attempt(self, code: int, reason: str, ran: bool = False) -> None:
-        """One start: the shadow is born, the job runs or not, the try ends with `code`."""
+    def attempt(self, code: int, reason: str, executed_for: int | None = FAILS_AFTER_S
+                ) -> None:
+        """One start: the shadow is born, the input is sent, the starter reports the job
+        executing and the try ends with `code` `executed_for` seconds later (None: it
+        ends before the job began to execute)."""
         assert self.runnable(), "the schedd would not start this job now"
         self.now += 10
         self.starts += 1
@@ -114,11 +143,13 @@ class Job:
         for attr in ("VacateReason", "VacateReasonCode", "VacateReasonSubCode"):
             if attr in self.ad:
                 del self.ad[attr]
-        if ran:
-            self.now += 5
+        self.now += 5  # input transfer
+        if executed_for is None:
+            self.now += 2
+        else:
             self.ad["NumJobStarts"] = self.ad.get("NumJobStarts", 0) + 1
             self.ad["JobCurrentStartExecutingDate"] = self.now
-        self.now += 2
+            self.now += executed_for
         self.ad.update({"VacateReason": reason, "VacateReasonCode": code,
                         "VacateReasonSubCode": 0, "LastVacateTime": self.now})
         cool = value(self.ad, self.knobs["SYSTEM_ON_VACATE_COOL_DOWN"])
@@ -130,6 +161,16 @@ class Job:
             self.ad.update({"JobStatus": 5, "HoldReason": reason, "HoldReasonCode": code})
         else:
             self.ad["JobStatus"] = 1
+
+    def failed_at_start(self) -> bool:
+        """The pool's discriminator on the ad as it is now; the service's reading of the
+        same ad agrees with it (and counts the pool's failed starts)."""
+        pool = value(self.ad, self.knobs[START_FAILED]) is True
+        service = failure_of(self.ad)
+        assert (service is not None) == pool, (dict(self.ad), pool, service)
+        if service is not None and "NumJobCoolDowns" in self.ad:
+            assert service.failed_starts == self.ad["NumJobCoolDowns"]
+        return pool
 
     def periodic(self) -> bool:
         """The schedd's periodic policy walk (after PERIODIC_EXPR_INTERVAL); True if it
@@ -149,16 +190,18 @@ class Job:
         self.ad["JobStatus"] = 1
         self.now += 30
 
-    def fail_container_test(self) -> bool:
+    def fail_container_test(self, reason: str = TEST_FAILED,
+                            executed_for: int | None = FAILS_AFTER_S) -> bool:
         """A start whose container test fails; then the periodic walk (True: held)."""
-        self.attempt(1007, TEST_FAILED)
+        self.attempt(1007, reason, executed_for)
         return self.periodic()
 
-    def fail_times(self, n: int) -> list[bool]:
+    def fail_times(self, n: int, reason: str = TEST_FAILED,
+                   executed_for: int | None = FAILS_AFTER_S) -> list[bool]:
         """`n` failed container tests, each once the short cool-down is over: held?"""
         held = []
         for _ in range(n):
-            held.append(self.fail_container_test())
+            held.append(self.fail_container_test(reason, executed_for))
             self.now += 11
         return held
 
@@ -170,10 +213,21 @@ def test_the_policy_is_named_and_composes_with_the_registry_hold(knobs: dict[str
     assert "container registry" in knobs["SYSTEM_PERIODIC_HOLD_REASON"]
 
 
+def test_the_pool_and_the_service_use_one_rule_and_one_window(knobs: dict[str, str]) -> None:
+    assert int(knobs["PROVISIONER_FAILED_START_WITHIN_S"]) == FAILED_START_WITHIN_S
+    rule = knobs[START_FAILED]
+    assert rule == f"(VacateReasonCode =?= 1007 && ({NEVER_EXECUTED} || {EXECUTED_BRIEFLY}))"
+    assert rule in knobs[NAME] and rule in knobs["SYSTEM_ON_VACATE_COOL_DOWN"]
+
+
 def test_a_container_test_failure_is_held_at_the_third_start_naming_image_and_error(
         knobs: dict[str, str]) -> None:
     job = Job(knobs)
     job.attempt(1007, TEST_FAILED)
+    # as HTCondor 23.9 leaves it: the try began to execute, a second before it failed
+    assert job.ad["NumJobStarts"] == job.ad["NumShadowStarts"] == 1
+    assert job.ad["JobCurrentStartExecutingDate"] > job.ad["JobCurrentStartDate"]
+    assert job.failed_at_start()
     assert not job.runnable() and job.ad["JobCoolDownExpiration"] == job.now + 10
     assert not job.periodic() and job.runnable() and job.ad["NumJobCoolDowns"] == 1
     assert not job.fail_container_test()
@@ -184,6 +238,36 @@ def test_a_container_test_failure_is_held_at_the_third_start_naming_image_and_er
                              f"{BROKEN}: root filesystem extraction failed"), reason
     assert "3 failed starts, the last on slot1_1@pilot-gsi-8@node1" in reason, reason
     assert job.ad["HoldReasonCode"] == 26 and job.ad["HoldReasonSubCode"] == 1007
+
+
+def without(knobs: dict[str, str], clause: str, instead: str) -> dict[str, str]:
+    """The knobs with one clause of the rule replaced (to see that it matters)."""
+    assert clause in knobs[START_FAILED]
+    return {**knobs, **{k: knobs[k].replace(clause, instead) for k in
+                        (NAME, "SYSTEM_ON_VACATE_COOL_DOWN", START_FAILED)}}
+
+
+def test_without_the_execute_window_htcondor_23_9_retries_the_job_for_ever(
+        knobs: dict[str, str]) -> None:
+    """The rule before: only a try that never began to execute failed at start. 23.9
+    reports the execute before the container test: never held, never cooled down."""
+    old = Job(without(knobs, EXECUTED_BRIEFLY, "false"))
+    assert old.fail_times(8) == [False] * 8
+    assert "NumJobCoolDowns" not in old.ad and old.runnable()
+
+
+@pytest.mark.parametrize("executed_for", [None, 0, FAILED_START_WITHIN_S],
+                         ids=["never-executed", "at-once", "window-edge"])
+def test_a_start_that_fails_before_or_soon_after_it_executes_is_held_at_the_third(
+        knobs: dict[str, str], executed_for: int | None) -> None:
+    """The starter may fail before it reports the job executing (the executing date
+    stays an earlier try's, or none): that try never ran either."""
+    job = Job(knobs)
+    if executed_for is None:
+        job.attempt(1005, "Unspecified job interruption", executed_for=3600)  # an earlier run
+        job.now += 30
+    assert job.fail_times(3, executed_for=executed_for) == [False, False, True]
+    assert "3 failed starts" in job.ad["HoldReason"]
 
 
 def test_after_the_last_allowed_failure_the_job_is_not_started_before_the_hold(
@@ -211,49 +295,67 @@ def test_a_relative_image_is_named_with_the_submit_directory_and_the_legacy_attr
     assert legacy.ad["HoldReason"].startswith(f"container image {BROKEN} could not be used")
 
 
-@pytest.mark.parametrize("code,reason", [(13, NO_INPUT), (6, NO_EXE)])
+@pytest.mark.parametrize("code,reason,executed_for", [(13, NO_INPUT, None), (6, NO_EXE, 0)])
 def test_a_missing_input_file_or_executable_stays_htcondors_own_hold_at_the_first_start(
-        knobs: dict[str, str], code: int, reason: str) -> None:
-    """HTCondor holds these itself (a hold code below 1000 from the starter). A cool-down
-    would stop that hold (the schedd holds only when none is set): none is set."""
+        knobs: dict[str, str], code: int, reason: str, executed_for: int | None) -> None:
+    """HTCondor holds these itself (a hold code below 1000 from the shadow or the
+    starter; the executable's only without a job wrapper). A cool-down would stop that
+    hold (the schedd holds only when none is set): none is set."""
     job = Job(knobs, image=None)
-    job.attempt(code, reason)
+    job.attempt(code, reason, executed_for)
     assert job.status == 5 and job.ad["HoldReason"] == reason
     assert job.ad["HoldReasonCode"] == code and "NumJobCoolDowns" not in job.ad
     assert not job.periodic()  # held jobs are not evaluated; nothing rewrites the reason
 
 
-@pytest.mark.parametrize("ran", [False, True])
-def test_normal_evictions_are_never_counted(knobs: dict[str, str], ran: bool) -> None:
-    """Pilot walltime, release, lost node, claim activation failed: before or after the
-    job ran, as often as it happens; then a container failure still gets three tries."""
+def test_an_executable_the_job_wrapper_cannot_find_is_held_at_the_third_start_naming_it(
+        knobs: dict[str, str]) -> None:
+    """With the pilots' job wrapper the starter executes the wrapper, which finds no
+    executable and says so in its error file: a starter error (1007) a second after the
+    execute event, not HTCondor's own hold."""
+    job = Job(knobs, image=None)
+    assert job.fail_times(3, WRAPPER_NO_EXE) == [False, False, True]
+    assert job.ad["HoldReason"] == (
+        "the job could not be started: executable /home/alice/gone.sh does not exist on "
+        "this worker node (3 failed starts, the last on slot1_1@pilot-gsi-8@node1; release "
+        "the job once fixed)")
+    assert job.ad["HoldReasonCode"] == 26 and job.ad["HoldReasonSubCode"] == 1007
+
+
+@pytest.mark.parametrize("executed_for", [None, FAILS_AFTER_S, 3600],
+                         ids=["never-executed", "at-once", "ran"])
+def test_normal_evictions_are_never_counted(knobs: dict[str, str],
+                                            executed_for: int | None) -> None:
+    """Pilot walltime, release, lost node, claim activation failed: before, soon after
+    or long after the job began to execute, as often as it happens; then a container
+    failure still gets three tries."""
     job = Job(knobs)
     for _ in range(3):
         for code, reason in NORMAL_EVICTIONS.items():
-            job.attempt(code, reason, ran=ran)
-            assert not job.periodic() and job.runnable(), (code, ran)
+            job.attempt(code, reason, executed_for)
+            assert not job.failed_at_start()
+            assert not job.periodic() and job.runnable(), (code, executed_for)
     assert "NumJobCoolDowns" not in job.ad
     assert job.fail_times(3) == [False, False, True]
 
 
-def test_a_starter_error_after_the_job_ran_is_not_a_failed_start(knobs: dict[str, str]
-                                                                 ) -> None:
-    """1007 also ends a job that ran (the node out of memory): it is not counted, however
-    often; the executing date, not the code, tells the two apart."""
+@pytest.mark.parametrize("executed_for", [FAILED_START_WITHIN_S + 1, 3600])
+def test_a_starter_error_after_the_job_ran_is_not_a_failed_start(
+        knobs: dict[str, str], executed_for: int) -> None:
+    """1007 also ends a job that ran (the node out of memory): longer than the window,
+    it is not counted, however often; the times, not the code, tell the two apart."""
     job = Job(knobs, image=None)
     for _ in range(5):
-        job.attempt(1007, OOM, ran=True)
+        job.attempt(1007, OOM, executed_for)
+        assert not job.failed_at_start()
         assert not job.periodic() and job.runnable()
     assert "NumJobCoolDowns" not in job.ad
-    # the safeguard matters: without the executing-date clause, the job would be held
-    clause = "(JobCurrentStartExecutingDate ?: 0) < (JobCurrentStartDate ?: 0)"
-    assert clause in knobs[NAME]
-    off = {**knobs, **{k: knobs[k].replace(clause, "true") for k in
-                       (NAME, "SYSTEM_ON_VACATE_COOL_DOWN")}}
-    careless = Job(off, image=None)
+    # the safeguard matters: without the window's bound, the job would be held
+    bound = f"LastVacateTime - JobCurrentStartExecutingDate <= {FAILED_START_WITHIN_S}"
+    careless = Job(without(knobs, bound, "true"), image=None)
     held = []
     for _ in range(3):
-        careless.attempt(1007, OOM, ran=True)
+        careless.attempt(1007, OOM, executed_for)
         careless.now += 10
         held.append(careless.periodic())
     assert held == [False, False, True]
@@ -270,7 +372,7 @@ def test_a_released_job_gets_three_tries_again_and_runs_once_fixed(knobs: dict[s
     assert "6 failed starts" in job.ad["HoldReason"]
     job.release()
     job.now += 300
-    job.attempt(1005, "Unspecified job interruption", ran=True)  # fixed: it runs
+    job.attempt(1005, "Unspecified job interruption", executed_for=3600)  # fixed: it runs
     assert not job.periodic()
 
 
@@ -278,36 +380,49 @@ def test_a_sites_own_cool_down_is_kept_for_other_evictions(tmp_path: Path) -> No
     knobs = read_knobs(CONF_DIR / "central-manager.conf", tmp_path,
                        "SYSTEM_ON_VACATE_COOL_DOWN = 42")
     job = Job(knobs)
-    job.attempt(1008, "reconnect failed", ran=True)
+    job.attempt(1008, "reconnect failed", executed_for=3600)
     assert job.ad["JobCoolDownExpiration"] - job.now == 42
     job.now += 60
     job.attempt(1007, TEST_FAILED)
     assert job.ad["JobCoolDownExpiration"] - job.now == 10
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.sampled_from(["fail", "evict", "ran", "oom"]), min_size=1, max_size=14))
+#: One try: what ends it, and how long after the execute event (None: before it).
+TRIES = st.one_of(
+    st.tuples(st.just("fail"), st.none() | st.integers(0, FAILED_START_WITHIN_S)),
+    st.tuples(st.just("oom"), st.integers(FAILED_START_WITHIN_S + 1, 4 * 3600)),
+    st.tuples(st.sampled_from(sorted(NORMAL_EVICTIONS)),
+              st.none() | st.integers(0, 4 * 3600)))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(TRIES, min_size=1, max_size=14))
 def test_held_exactly_when_the_third_start_failed_since_the_last_release(
-        outcomes: list[str]) -> None:
+        tries: list[tuple[str | int, int | None]]) -> None:
+    """Whatever comes between: a starter error within the window of the execute event
+    (or before it) counts, one after a longer run never does, nor any other eviction;
+    held at the third failed start since the last release, and the service agrees on
+    every try."""
     knobs = _cached_knobs()
     job = Job(knobs)
     failed = 0
-    for outcome in outcomes:
+    for kind, executed_for in tries:
         if job.status == 5:
             assert failed == 3
             job.release()
             failed = 0
         job.now += 400  # any cool-down is over
-        if outcome == "fail":
-            job.attempt(1007, TEST_FAILED)
+        if kind == "fail":
+            job.attempt(1007, TEST_FAILED, executed_for)
             failed += 1
-        elif outcome == "evict":
-            job.attempt(1005, "Unspecified job interruption")
+        elif kind == "oom":
+            job.attempt(1007, OOM, executed_for)
         else:
-            job.attempt(1007 if outcome == "oom" else 1002,
-                        OOM if outcome == "oom" else "shadow exception", ran=True)
+            assert isinstance(kind, int)
+            job.attempt(kind, NORMAL_EVICTIONS[kind], executed_for)
+        assert job.failed_at_start() == (kind == "fail"), (tries, kind)
         held = job.periodic()
-        assert held == (failed == 3 and outcome == "fail"), (outcomes, failed)
+        assert held == (failed == 3 and kind == "fail"), (tries, failed)
 
 
 _KNOBS: dict[str, str] = {}

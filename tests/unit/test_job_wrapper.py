@@ -178,3 +178,75 @@ def test_a_payload_killed_by_a_signal_ends_the_wrapper_by_it(tmp_path: Path,
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=15)
     assert proc.returncode == -signal.SIGTERM
+
+
+# -- an executable that cannot be run ----------------------------------------------------------
+def _start(tmp_path: Path, node: dict[str, Path], *command: str
+           ) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """The wrapper started by HTCondor's starter: its error file named in the
+    environment (in the sandbox, where the starter looks for it), not there yet."""
+    script = _script(tmp_path, node, covered_dirs(node["scratch"]))
+    error_file = node["sandbox"] / ".job_wrapper_failure"
+    proc = subprocess.run(["/bin/sh", str(script), *command],
+                          env={"PATH": "/usr/bin:/bin", "_CONDOR_SCRATCH_DIR":
+                               str(node["sandbox"]), "_CONDOR_WRAPPER_ERROR_FILE":
+                               str(error_file)},
+                          cwd=node["sandbox"], capture_output=True, text=True, timeout=30)
+    return proc, error_file
+
+
+def test_a_missing_executable_is_reported_in_the_error_file_naming_it(
+        tmp_path: Path, node: dict[str, Path]) -> None:
+    """transfer_executable = false and the file is not on the worker: the starter
+    reads the error file and fails the start with the message (the job is held for
+    it); without it the job would just end with exit status 127."""
+    gone = tmp_path / "home" / "alice" / "gone.sh"
+    proc, error_file = _start(tmp_path, node, str(gone), "arg")
+    assert proc.returncode == 127, proc
+    assert error_file.read_text() == f"executable {gone} does not exist on this worker node\n"
+    assert f"job-wrapper: executable {gone} does not exist" in proc.stderr
+
+
+def test_an_executable_the_namespaces_hide_does_not_exist_for_the_job(
+        tmp_path: Path, node: dict[str, Path]) -> None:
+    """Checked where the exec happens: a program in a directory the wrapper hides
+    exists on the node but not for the job."""
+    hidden = node["own"] / PRIVATE_DIRS[0] / "run.sh"
+    hidden.write_text("#!/bin/sh\necho ran\n")
+    hidden.chmod(0o755)
+    proc, error_file = _start(tmp_path, node, str(hidden))
+    assert (proc.returncode, proc.stdout) == (127, ""), proc
+    assert error_file.read_text() == f"executable {hidden} does not exist on this worker node\n"
+
+
+def test_a_directory_or_a_file_without_execute_permission_is_reported(
+        tmp_path: Path, node: dict[str, Path]) -> None:
+    plain = node["sandbox"] / "job.sh"
+    plain.write_text("#!/bin/sh\necho ran\n")
+    plain.chmod(0o644)
+    proc, error_file = _start(tmp_path, node, str(plain))
+    assert (proc.returncode, proc.stdout) == (126, ""), proc
+    assert error_file.read_text() == (f"executable {plain} is not executable by the user "
+                                      "the job runs as\n")
+    error_file.unlink()
+    directory = node["sandbox"] / "bin"
+    directory.mkdir()
+    proc, error_file = _start(tmp_path, node, str(directory))
+    assert proc.returncode == 126, proc
+    assert error_file.read_text() == f"executable {directory} is a directory\n"
+
+
+def test_a_payload_that_starts_leaves_no_error_file_whatever_its_exit_status(
+        tmp_path: Path, node: dict[str, Path]) -> None:
+    """Only a start that fails is the wrapper's failure: the payload's own 127 is its
+    exit status, and the payload sees its arguments and name as before."""
+    proc, error_file = _start(tmp_path, node, "/bin/sh", "-c", 'echo "$0 $1"; exit 127',
+                              "me", "a b")
+    assert (proc.returncode, proc.stdout) == (127, "me a b\n"), proc
+    assert not error_file.exists()
+    script = node["sandbox"] / "job.sh"
+    script.write_text("#!/bin/sh\necho \"ran $*\"\n")
+    script.chmod(0o755)
+    proc, error_file = _start(tmp_path, node, str(script), "x")
+    assert (proc.returncode, proc.stdout) == (0, "ran x\n"), proc
+    assert not error_file.exists()

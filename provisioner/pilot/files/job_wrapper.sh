@@ -23,6 +23,14 @@
 # signal ends this script by the same signal (exit status 128+N is read as that).
 # `wait` returns early when a trap ran (`woken`): it is called again for the real
 # status (127 then means the status was the one already seen).
+#
+# An executable that cannot be run (absent on the worker: transfer_executable =
+# false; a directory; no execute permission) is found before the exec, as the job's
+# own user inside its namespaces, and reported through HTCondor's job-wrapper error
+# file (_CONDOR_WRAPPER_ERROR_FILE): the starter then treats the start as failed
+# ("The job wrapper failed to execute the job: <the message>", a starter error the
+# pool's failed-start policy holds the job for, naming the path) instead of the job
+# ending with exit status 127 as if it had run.
 set -e
 # A job that asked for it (+WantXCache = false) reads root:// URLs directly.
 if [ -n "${_CONDOR_JOB_AD:-}" ] && grep -qix 'WantXCache = false' "$_CONDOR_JOB_AD" 2>/dev/null
@@ -56,15 +64,39 @@ for sig in TERM INT HUP QUIT USR1 USR2 ALRM; do
     # shellcheck disable=SC2064  # the signal's name is fixed when the trap is set
     trap "forward $sig" $sig
 done
+# The payload's start, run as the job's own user in its namespaces (where the exec
+# happens: a path the namespaces hide does not exist for it): the check, then the
+# exec in the same process, so signals and the exit status reach the payload as
+# before. A name without a slash is looked up in PATH by the exec: not checked.
+# shellcheck disable=SC2016  # expanded by the payload's shell
+start='
+case $1 in
+*/*)
+    why=; rc=126
+    if [ ! -e "$1" ]; then why="does not exist on this worker node"; rc=127
+    elif [ -d "$1" ]; then why="is a directory"
+    elif [ ! -x "$1" ]; then why="is not executable by the user the job runs as"
+    fi
+    if [ -n "$why" ]; then
+        echo "job-wrapper: executable $1 $why" >&2
+        if [ -n "${_CONDOR_WRAPPER_ERROR_FILE:-}" ]; then
+            printf "executable %s %s\n" "$1" "$why" >"$_CONDOR_WRAPPER_ERROR_FILE"
+        fi
+        exit $rc
+    fi
+esac
+exec "$@"
+'
 # The namespace's first process: $1 uid, $2 gid, $3 sandbox, $4 the directories to
-# hide, $5 those to cover (each a list of lines), then the job's command.
+# hide, $5 those to cover (each a list of lines), $6 the payload's start, then the
+# job's command.
 # shellcheck disable=SC2016  # expanded by the inner shell
 inner='
 job=; pending=
 fwd() { woken=1; if [ -n "$job" ]; then kill -s "$1" "$job" 2>/dev/null; else pending=$1; fi; }
 for sig in TERM INT HUP QUIT USR1 USR2 ALRM; do trap "fwd $sig" $sig; done
 set -e
-uid=$1; gid=$2; sandbox=$3; hide=$4; cover=$5; shift 5
+uid=$1; gid=$2; sandbox=$3; hide=$4; cover=$5; start=$6; shift 6
 nl="
 "
 set -f; IFS=$nl
@@ -81,7 +113,7 @@ mount --move /mnt/sandbox "$sandbox"
 umount /mnt
 cd "$sandbox"
 set +e
-unshare --user --map-user="$uid" --map-group="$gid" -- "$@" &
+unshare --user --map-user="$uid" --map-group="$gid" -- /bin/sh -c "$start" job "$@" &
 job=$!
 if [ -n "$pending" ]; then kill -s "$pending" $job 2>/dev/null; fi
 rc=
@@ -95,10 +127,12 @@ exit $rc
 set +e
 if [ "$pid_namespace" = off ]; then
     unshare --user --map-root-user --mount -- \
-        /bin/sh -c "$inner" job-wrapper "$(id -u)" "$(id -g)" "$sandbox" "$hide" "$cover" "$@" &
+        /bin/sh -c "$inner" job-wrapper "$(id -u)" "$(id -g)" "$sandbox" "$hide" "$cover" \
+        "$start" "$@" &
 else
     unshare --user --map-root-user --mount --pid --fork --mount-proc -- \
-        /bin/sh -c "$inner" job-wrapper "$(id -u)" "$(id -g)" "$sandbox" "$hide" "$cover" "$@" &
+        /bin/sh -c "$inner" job-wrapper "$(id -u)" "$(id -g)" "$sandbox" "$hide" "$cover" \
+        "$start" "$@" &
 fi
 ns=$!
 if [ -n "$pending" ]; then forward "$pending"; fi
