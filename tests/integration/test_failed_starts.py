@@ -15,6 +15,12 @@ Each is held within 5 minutes after at most 3 starts; the service reports it onc
 its cause, never as stuck; no pilot is left in SLURM afterwards. HTCondor 23.9 reports
 a 1007 start as executing a second before it fails (NumJobStarts counts it).
 
+HTCondor 23.9's schedd keeps its list of runnable jobs until a job goes idle or
+changes priority (or 20 minutes pass: qmgmt.cpp, PrioRecRebuildMaxInterval); a job whose
+cool-down ends is not offered to the negotiator before then. In a pool where jobs come
+and go that is at once; in the quiet testbed, the tests stand in for the pool's other
+users: a held job of alice's has its priority changed every few seconds.
+
 To see the pool's safeguard matter: comment out the SYSTEM_PERIODIC_HOLD_NAMES line of
 the ProvisionerFailedStarts block in /etc/condor/config.d/20-central-manager.conf,
 condor_reconfig, and rerun test_a_truncated_image: it is never held (times out) and
@@ -23,7 +29,9 @@ NumShadowStarts grows past 3.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,6 +52,34 @@ RELEASED_WITHIN_S = 180
 @pytest.fixture
 def svc() -> Iterator[Service]:
     clean_pool()
+    with other_users_activity():
+        yield from _service()
+
+
+@contextlib.contextmanager
+def other_users_activity(every_s: float = 5.0) -> Iterator[None]:
+    """A held job whose priority changes every `every_s`: the schedd rebuilds its list
+    of runnable jobs then, as it does whenever another user's job goes idle."""
+    companion = submit_script("companion", "true\n", extra="hold = true\n")
+    stop = threading.Event()
+
+    def touch() -> None:
+        prio = 0
+        while not stop.wait(every_s):
+            prio = (prio + 1) % 2
+            run(["condor_qedit", companion, "JobPrio", str(prio)], user="alice")
+
+    thread = threading.Thread(target=touch, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        run(["condor_rm", companion], user="alice", check=False)
+
+
+def _service() -> Iterator[Service]:
     directory = service_dir()
     service = Service(write_config(directory), directory / "service.log")
     service.start()
