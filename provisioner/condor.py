@@ -358,11 +358,16 @@ class Pool:
         return merged
 
     def idle_count(self) -> int:
-        """The cheap probe: idle jobs from every readable schedd's summary ad (a
-        schedd that cannot be read counts none)."""
-        counts, _unknown = self._each("summary query", lambda s: sum(
+        """The cheap probe: idle jobs from every readable schedd's summary ad. A schedd
+        that cannot be read (restarting, not yet back in the collector) counts what it
+        had at its last read: read as none, the probe would see the queue empty and a
+        cycle would run for nothing, before the jobs submitted meanwhile can be seen."""
+        counts, unknown = self._each("summary query", lambda s: sum(
             _int(ad, "AllusersIdle", _int(ad, "Idle"))
             for ad in s.query(opts=self.htcondor.QueryOpt.SummaryOnly)))
+        for name, _why in unknown:
+            if name in self.idle_by_schedd:
+                counts[name] = self.idle_by_schedd[name]
         self.idle_by_schedd = dict(counts)
         return sum(counts.values())
 

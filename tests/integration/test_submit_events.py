@@ -15,7 +15,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import htcondor2 as htcondor
-from servicectl import SERVICE_USER, Service, service_dir, write_config
+from conftest import SITES, run
+from servicectl import (
+    SERVICE_USER,
+    Service,
+    pilot_ids,
+    service_dir,
+    workers_drained,
+    write_config,
+)
 from test_loop import ADMIN, clean, submit, wait_for  # noqa: F401 (clean: a fixture)
 
 FOLLOWING = "following the schedd's event log"
@@ -49,6 +57,41 @@ def lines(svc: Service) -> list[str]:
 
 def first_index(svc: Service, text: str) -> int:
     return next(i for i, line in enumerate(lines(svc)) if text in line)
+
+
+def test_a_submit_is_seen_at_once_through_the_event_log(
+        clean: None, tmp_path: Path) -> None:  # noqa: F811
+    event_log = htcondor.param.get("EVENT_LOG")
+    assert event_log, "EVENT_LOG is not set on the central manager"
+    directory = service_dir()
+    svc = Service(write_config(directory, slow_timer()), directory / "service.log")
+    # Every worker drained: the pilots stay pending, so no pilot that becomes idle wakes
+    # a cycle of its own; only the submits do.
+    with workers_drained():
+        svc.start()
+        try:
+            wait_for("the service follows the event log", lambda: FOLLOWING in svc.text(), 60)
+            wait_for("the first cycle", lambda: "cycle 1 (first cycle)" in svc.text(), 60)
+            assert not any(pilot_ids(site) for site in SITES)
+            submit("woken", 1, 5)
+            # The next timed check is an hour away: this cycle was woken by the submit.
+            wait_for("a cycle woken by the submit",
+                     lambda: "cycle 2 (idle jobs rose)" in svc.text(), 120)
+            woken = lines(svc)[first_index(svc, "cycle 2 (idle jobs rose)")]
+            assert "submit " in woken, woken  # it provisions for the job
+            assert first_index(svc, FOLLOWING) < first_index(svc, "cycle 2 (idle jobs rose)")
+            # The schedd restarts: it goes on appending to the same log; still followed.
+            started = schedd_start()
+            run(["condor_restart", "-daemon", "schedd"], env=ADMIN)
+            wait_for("the schedd restarted", lambda: schedd_start() > started, 120)
+            assert "cycle 3 " not in svc.text()
+            submit("woken-again", 3, 5)  # more idle jobs than cycle 2 saw
+            wait_for("a cycle woken by a submit after the schedd's restart",
+                     lambda: "cycle 3 (idle jobs rose)" in svc.text(), 120)
+            assert svc.text().count(FALLBACK) == 0 and svc.text().count(FOLLOWING) == 1
+        finally:
+            svc.stop()
+            print(f"--- service log ---\n{svc.text()}")
 
 
 def test_an_unreadable_event_log_falls_back_to_the_quick_check_said_once(

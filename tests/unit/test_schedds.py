@@ -188,6 +188,18 @@ def test_an_unreadable_schedd_is_named_and_the_others_still_count() -> None:
         pool.queue()
 
 
+def test_the_probe_counts_an_unreadable_schedd_as_last_read_not_empty() -> None:
+    """A schedd restarting is not an emptied queue: the cheap probe keeps its last count
+    (read as none, the probe would wake a cycle for "queue emptied")."""
+    pool, fake, _ = two_schedds()
+    assert pool.idle_count() == 3
+    fake.schedds["submit2"].fail = True
+    assert pool.idle_count() == 3  # submit2's 2 from its last read
+    fake.schedds["submit2"].fail = False
+    fake.schedds["submit2"].jobs = [Ad(JOB, JobStatus=2, RemoteHost="slot1_1@p2@n")]
+    assert pool.idle_count() == 1  # read again: its own count
+
+
 def test_a_schedd_gone_from_the_collector_is_unknown_not_empty() -> None:
     pool, fake, clock = two_schedds()
     pool.queue()
