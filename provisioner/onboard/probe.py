@@ -29,6 +29,12 @@ P = "probe"
 WRAPPER = "-m provisioner.pilot.wrapper"
 #: Ads of the probe's startd: constraint -> ads (a collector query).
 FindAds = Callable[[str], Sequence[Mapping[str, Any]]]
+#: The worker's own checks (provisioner.onboard.nodecheck's steps) and their rows.
+NODE_ROWS = {"image": "image readable on the worker", "apptainer": "Apptainer starts",
+             "collector": "worker connects to the collector",
+             "xcache": "XRootD cache answers"}
+#: Node steps whose failure means the startd cannot join: the probe stops waiting.
+BLOCKING = ("image", "apptainer", "collector")
 
 
 class ProbeScriptError(Exception):
@@ -172,16 +178,25 @@ class Probe:
                                            self.clock() - t0)
         t1 = self.clock()
         found: list[Mapping[str, Any]] = []
+        blocking: list[str] = []
 
         def joined() -> bool:
             found[:] = list(self.ads(self._job_constraint(job_id)))
-            return bool(found) or self.state(job_id) is None
+            if found or self.state(job_id) is None:
+                return True
+            # the node checks run before the wrapper: a step that rules out joining
+            # (no image, no Apptainer, no route to the collector) ends the wait at once
+            steps = self.node_steps(job_id)[0]
+            blocking[:] = [k for k in BLOCKING if k in steps and not steps[k][0]]
+            return bool(blocking)
 
         self._wait(joined, self.limits.join_s)
         if not found:
+            why = (f"the node checks failed ({', '.join(NODE_ROWS[k] for k in blocking)}), "
+                   f"after {self.clock() - t1:.0f} s" if blocking else
+                   f"within {self.clock() - t1:.0f} s of its start")
             self.rows["reaches the collector"] = failed(
-                "reaches the collector", f"no startd ad of job {job_id} within "
-                f"{self.clock() - t1:.0f} s of its start",
+                "reaches the collector", f"no startd ad of job {job_id}: {why}",
                 f"see the node checks below and the pilot's output in "
                 f"{self.site.runtime.log_dir or '(runtime.log_dir unset)'}", P)
             return False
@@ -233,32 +248,35 @@ class Probe:
             if not problems else
             failed("cleaned up", "; ".join(problems), f"scancel {job_id} at the site", P))
 
-    def node_rows(self, job_id: str) -> list[Check]:
-        """The worker's own checks, from the probe's output file."""
-        names = {"image": "image readable on the worker", "apptainer": "Apptainer starts",
-                 "collector": "worker connects to the collector",
-                 "xcache": "XRootD cache answers"}
-        wanted = [k for k in names if k != "xcache" or self.site.xcache]
+    def node_steps(self, job_id: str) -> tuple[dict[str, tuple[bool, str, float]], str]:
+        """The worker's own checks so far, from the probe's output file, and that
+        file's path (with the error if it could not be read)."""
         log_dir = self.site.runtime.log_dir
         if not log_dir:
-            why = f"sites[{self.index}].runtime.log_dir is unset: no probe output to read"
-            return [skipped(names[k], why, P) for k in wanted]
+            return {}, ""
         path = f"{log_dir}/{self.backend.job_name}-{self.site.name}-{job_id}.out"
         try:
             text = self.backend.executor.run(["head", "-c", "200000", "--", path],
                                              self.backend._env()).stdout
         except BackendError as exc:
-            text = ""
-            path += f" ({exc})"
-        steps = parse_node_lines(text)
+            return {}, f"{path} ({exc})"
+        return parse_node_lines(text), path
+
+    def node_rows(self, job_id: str) -> list[Check]:
+        """The worker's own checks, one row each."""
+        wanted = [k for k in NODE_ROWS if k != "xcache" or self.site.xcache]
+        if not self.site.runtime.log_dir:
+            why = f"sites[{self.index}].runtime.log_dir is unset: no probe output to read"
+            return [skipped(NODE_ROWS[k], why, P) for k in wanted]
+        steps, path = self.node_steps(job_id)
         rows = []
         for key in wanted:
             if key not in steps:
-                rows.append(skipped(names[key], f"no result in {path}", P))
+                rows.append(skipped(NODE_ROWS[key], f"no result in {path}", P))
                 continue
             ok, detail, took = steps[key]
-            rows.append(passed(names[key], detail, P, took) if ok else
-                        failed(names[key], detail, self._fix(key), P, took))
+            rows.append(passed(NODE_ROWS[key], detail, P, took) if ok else
+                        failed(NODE_ROWS[key], detail, self._fix(key), P, took))
         return rows
 
     def _fix(self, key: str) -> str:

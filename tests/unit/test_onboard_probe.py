@@ -71,6 +71,7 @@ class FakeSlurm:
         self.clock, self.states, self.calls = clock, states, []
         self.cancelled = False
         self.stdin: str | None = None
+        self.node_output = NODE_OUTPUT
 
     def run(self, argv: Sequence[str], env: Mapping[str, str], stdin: str | None = None
             ) -> CommandResult:
@@ -86,7 +87,7 @@ class FakeSlurm:
                 self.cancelled = True
             return CommandResult(0, "", "")
         if argv[0] == "head":
-            return CommandResult(0, NODE_OUTPUT, "")
+            return CommandResult(0, self.node_output, "")
         raise AssertionError(argv)
 
     def close(self) -> None:
@@ -121,7 +122,10 @@ def test_a_probe_whose_startd_never_joins_fails_at_reaches_the_collector() -> No
     rows = {r.name: r for r in probe(slurm, clock, lambda c: []).run()}
     assert rows["probe starts"].ok and rows["probe starts"].seconds == 10
     assert rows["reaches the collector"].ok is False
-    assert "within 120 s" in rows["reaches the collector"].found
+    # the worker's own check already says it cannot connect: no waiting out join_s
+    assert rows["reaches the collector"].found == (
+        "no startd ad of job 42: the node checks failed (worker connects to the "
+        "collector), after 0 s")
     worker = rows["worker connects to the collector"]
     assert worker.ok is False and "cannot connect to cm:9618" in worker.found
     assert "pool.collector cm:9618" in worker.fix
@@ -130,9 +134,21 @@ def test_a_probe_whose_startd_never_joins_fails_at_reaches_the_collector() -> No
     assert not site_ok(rows.values())
 
 
+def test_a_probe_whose_node_checks_pass_but_never_joins_waits_out_the_join_limit() -> None:
+    clock = Clock()
+    slurm = FakeSlurm(clock, lambda t, cancelled: "" if cancelled else "RUNNING|None")
+    slurm.node_output = NODE_OUTPUT.replace('"ok": false', '"ok": true')
+    rows = {r.name: r for r in probe(slurm, clock, lambda c: []).run()}
+    assert rows["reaches the collector"].found == (
+        "no startd ad of job 42: within 120 s of its start")
+    assert rows["worker connects to the collector"].ok is True
+    assert ["scancel", "42"] in slurm.calls and rows["cleaned up"].ok
+
+
 def test_a_probe_that_joins_is_released_then_cancelled_and_its_ad_gone() -> None:
     clock = Clock()
     slurm = FakeSlurm(clock, lambda t, cancelled: "" if cancelled else "RUNNING|None")
+    slurm.node_output = NODE_OUTPUT.replace('"ok": false', '"ok": true')
     ad = {"Name": "pilot-frankfurt-42@fra-n1", "PilotContainerTest": "ok: apptainer 3.1 s"}
     released: list[float] = []
 
