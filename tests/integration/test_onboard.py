@@ -185,6 +185,8 @@ FAULTS: dict[str, tuple[Callable[[Path], Callable[[dict], None]], list[str], str
     "login host unknown": (lambda w: lambda d: d["sites"][0]["executor"].update(
         host="no-such-login"), ["gsi", "--no-probe"], "✗ login host resolves",
         "sites[0].executor.host"),
+    "probe kept pending": (lambda w: lambda d: None, ["frankfurt", "--pending-s", "20"],
+                           "✗ probe starts", "pending for"),
 }
 
 
@@ -203,12 +205,19 @@ def test_site_check_names_each_fault(wheel: Path, config: Path, fault: str) -> N
     if blocked:
         for host in WORKERS["frankfurt"]:
             _nft(host, f"ip daddr {CM} drop")
+    blockers = [slurm("frankfurt", ["sbatch", "--parsable", f"--nodelist={node}",
+                                    "--exclusive", "--account=hpc-physics", "--time=10",
+                                    "--output=/dev/null", "--wrap", "sleep 600"],
+                      user="pilot").stdout.strip()
+                for node in WORKERS["frankfurt"] if fault == "probe kept pending"]
     try:
         out = provisioner(wheel, "-c", str(faulty), "site", "check", *argv)
     finally:
         if fault == "account refused":
             slurm("frankfurt", ["scontrol", "update", "PartitionName=general1",
                                 "AllowAccounts=ALL"])
+        if blockers:  # every node busy with a job of the account: the probe pends
+            slurm("frankfurt", ["scancel", *blockers])
         if blocked:
             for host in WORKERS["frankfurt"]:
                 _nft(host, None)
