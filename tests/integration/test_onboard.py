@@ -13,6 +13,7 @@ from pathlib import Path
 
 import htcondor2 as htcondor
 import pytest
+import unitsandbox
 import yaml
 from conftest import LOGIN, SITES, WORKERS, run, slurm
 from servicectl import SERVICE_USER
@@ -29,9 +30,10 @@ CM = "10.10.0.10"
 
 @pytest.fixture(scope="module")
 def wheel() -> Iterator[Path]:
-    """The wheel built from this tree, unpacked where only the service's account and
-    root read it: the provisioner the tests run is the wheel's, not /src."""
-    top = Path(tempfile.mkdtemp(prefix="onboard.", dir="/var/tmp"))
+    """The wheel built from this tree, unpacked under /opt as the systemd unit has it
+    (read-only to the service, outside its private /tmp): the provisioner the tests
+    run is the wheel's, not /src."""
+    top = Path(tempfile.mkdtemp(prefix="provisioner-onboard.", dir="/opt"))
     subprocess.run([PYTHON, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                     "-w", str(top / "dist"), "/src"], check=True, capture_output=True)
     (whl,) = (top / "dist").glob("provisioner-*.whl")
@@ -41,6 +43,8 @@ def wheel() -> Iterator[Path]:
     top.chmod(0o755)
     yield top
     shutil.rmtree(top, ignore_errors=True)
+    for left in Path("/var/lib/provisioner").glob(f"{top.name}*"):  # journal and lock
+        left.unlink()
 
 
 def provisioner(wheel: Path, *argv: str, check: bool = False, timeout: float = 900
@@ -59,6 +63,10 @@ def discover(wheel: Path, site: str) -> dict:
     return block
 
 
+def journal_of(wheel: Path) -> str:
+    return f"/var/lib/provisioner/{wheel.name}.sqlite"
+
+
 def onboarded(wheel: Path) -> Path:
     """init, then discover both sites into the skeleton; the site-side settings SLURM
     cannot know (pilot runtime, cache) added as an admin would."""
@@ -72,7 +80,7 @@ def onboarded(wheel: Path) -> Path:
         (etc / dest).chmod(0o600)
     data = yaml.safe_load((etc / "provisioner.yaml").read_text())
     data["pool"].update(collector="cm:9618", provisioner_id="testbed", uid_domain="testbed")
-    data["journal"] = str(wheel / "journal.sqlite")
+    data["journal"] = journal_of(wheel)  # in the unit's state directory
     data["policy"] = {"interval_s": 10, "quick_check_s": 3, "min_cycle_gap_s": 3,
                       "reserve": {"enabled": False}, "stuck_after_s": 120}
     blocks = {site: discover(wheel, site) for site in SITES}
@@ -125,13 +133,20 @@ def test_from_nothing_to_a_job_with_init_discover_check_run(wheel: Path, config:
     assert probes_left() == ([], [])
     log = wheel / "service.log"
     with log.open("w") as out:
-        svc = subprocess.Popen(["runuser", "-u", SERVICE_USER, "--", "env",
-                                f"PYTHONPATH={wheel / 'lib'}", PYTHON, "-m",
-                                "provisioner.cli", "-c", str(config), "run"],
-                               stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        # as systemd runs deploy/provisioner.service: its user, read-only system,
+        # private /tmp, no new privileges; only its state, log and run directories
+        # writable
+        cli = ["env", f"PYTHONPATH={wheel / 'lib'}", PYTHON, "-m", "provisioner.cli",
+               "-c", str(config)]
+        pre = subprocess.run(unitsandbox.command([*cli, "check-config"]), text=True,
+                             capture_output=True, timeout=120)
+        assert pre.returncode == 0, pre.stdout + pre.stderr
+        svc = subprocess.Popen(unitsandbox.command([*cli, "run"]), stdout=out,
+                               stderr=subprocess.STDOUT, start_new_session=True)
     try:
         cluster = submit("onboard", 1, 5)
         wait_for("the job done", lambda: jobs_left(cluster) == 0, 300, step=2)
+        assert Path(journal_of(wheel)).stat().st_size > 0  # its state directory: writable
     finally:
         svc.terminate()
         svc.wait(timeout=60)
