@@ -1,0 +1,1 @@
+"""The data side: cache URLs, the cache reader, benchmark campaigns, image checks."""

@@ -1,0 +1,1 @@
+"""Observe: reading the HTCondor pool (schedds' demand, pilots' startd ads, the event log)."""

@@ -1,0 +1,1 @@
+"""The running service: the loop (observe -> decide -> act) and its own housekeeping."""
