@@ -25,13 +25,13 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.sim.synthetic import synthetic_snapshot  # noqa: E402
-from provisioner.accounting import JobRun, site_days  # noqa: E402
-from provisioner.controller import Controller  # noqa: E402
-from provisioner.journal import Journal, SeenPilot  # noqa: E402
-from provisioner.ledger import Ledger  # noqa: E402
-from provisioner.metrics import Metrics  # noqa: E402
+from provisioner.decide.controller import Controller  # noqa: E402
 from provisioner.model import Plan, Snapshot  # noqa: E402
-from provisioner.service import describe  # noqa: E402
+from provisioner.service.accounting import JobRun, site_days  # noqa: E402
+from provisioner.service.journal import Journal, SeenPilot  # noqa: E402
+from provisioner.service.ledger import Ledger  # noqa: E402
+from provisioner.service.loop import describe  # noqa: E402
+from provisioner.service.metrics import Metrics  # noqa: E402
 
 NOW = 1_000_000.0
 

@@ -21,7 +21,7 @@ if str(ROOT) not in sys.path:
 from bench.sim import POLICIES, SCENARIOS, SITE_SETS, RunResult, run_scenario  # noqa: E402
 from bench.sim.synthetic import synthetic_snapshot  # noqa: E402
 from provisioner.config import ReserveConfig  # noqa: E402
-from provisioner.plan import plan  # noqa: E402
+from provisioner.decide.plan import plan  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 SEEDS = "1,2,3"

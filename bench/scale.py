@@ -30,7 +30,7 @@ from typing import Any
 import htcondor2 as htcondor
 
 from provisioner.config import load_config
-from provisioner.service import Provisioner
+from provisioner.service.loop import Provisioner
 
 CONFIG = "/src/deploy/testbed/provisioner.yaml"
 ROOT_TOKEN = "/root/.condor/tokens.d/provisioner"
@@ -64,7 +64,7 @@ def submit_jobs(jobs: int, shapes: int) -> None:
         "+MaxRuntime = $(r)\n"
         # Nothing may run them: the benchmark measures the provisioner, not jobs. A
         # clause on the node's name only a real pilot can answer: the prototype match
-        # (provisioner.prototype) keeps them demand, so every stage runs at full size.
+        # (provisioner.pool.prototype) keeps them demand, so every stage runs at full size.
         "requirements = TARGET.Machine == \"no-such-node\"\n"
         f"queue c, m, r from {ALICE}/jobs.txt\n")
     sh(["chown", "-R", "alice:", str(ALICE)])

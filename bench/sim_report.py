@@ -19,8 +19,8 @@ from bench.sim.ledger import BASE, job_runs, pilot_records  # noqa: E402
 from bench.sim.scenarios import SITE_SETS, default_config, make_policy  # noqa: E402
 from bench.sim.traces import TRACES  # noqa: E402
 from bench.sim.world import World  # noqa: E402
-from provisioner.journal import Journal  # noqa: E402
-from provisioner.report import report  # noqa: E402
+from provisioner.service.journal import Journal  # noqa: E402
+from provisioner.service.report import report  # noqa: E402
 
 OUT = ROOT / "bench" / "results" / "sim-report"
 

@@ -3,7 +3,7 @@
 The workload: from zero pilots, 8 one-minute jobs, then 4 more six minutes later, with
 the provisioner's production policy (every `policy` setting at its default). Per run:
 efficiency = claimed / allocated core-seconds (pilots counted from SLURM start to end,
-`provisioner.accounting`), job waits (submission to first start) and pilots that never
+`provisioner.service.accounting`), job waits (submission to first start) and pilots that never
 ran a job. The target (issue 10: efficiency >= 0.80 with wait p95 <= 40 s in every run)
 is reported, never asserted. deploy/testbed/smallload.py runs it and feeds this module.
 """
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from provisioner.accounting import JobRun, PilotRecord, percentile, site_days
 from provisioner.config import PilotRuntimeConfig, PolicyConfig
 from provisioner.pilot import endrecord
+from provisioner.service.accounting import JobRun, PilotRecord, percentile, site_days
 
 TARGET_EFFICIENCY = 0.80
 TARGET_WAIT_P95_S = 40.0

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from typing import NoReturn
 
 from provisioner.config import Config, ConfigError, field_location, load_config
-from provisioner.lock import AlreadyRunning, ServiceLock, lock_path
 from provisioner.onboard import cli as onboard_cli
+from provisioner.service.lock import AlreadyRunning, ServiceLock, lock_path
 
 DEFAULT_CONFIG = "/etc/provisioner/provisioner.yaml"
 
@@ -28,7 +28,7 @@ def _fail(lines: list[str], code: int = 2) -> NoReturn:
 
 def _load(path: str) -> Config:
     from provisioner.pilot.script import TemplateError, check_templates
-    from provisioner.secrets import check_secret_files
+    from provisioner.service.secrets import check_secret_files
 
     try:
         config = load_config(path)
@@ -60,7 +60,7 @@ def _locked(config: Config) -> Iterator[None]:
 
 
 def cmd_once(config: Config, dry_run: bool) -> int:
-    from provisioner.service import Provisioner, describe
+    from provisioner.service.loop import Provisioner, describe
 
     prov = Provisioner(config)
     cycle = prov.run_cycle("once (dry run)" if dry_run else "once", dry_run=dry_run)
@@ -83,10 +83,10 @@ def cmd_status(config: Config, as_json: bool) -> int:
     import json
     from dataclasses import replace
 
-    from provisioner.journal import Journal
-    from provisioner.service import Provisioner, breakers_of
-    from provisioner.status import gather, render
-    from provisioner.stuck import StuckGroups
+    from provisioner.decide.stuck import StuckGroups
+    from provisioner.service.journal import Journal
+    from provisioner.service.loop import Provisioner, breakers_of
+    from provisioner.service.status import gather, render
 
     journal = Journal.open_existing(config.journal)
     prov = Provisioner(config, journal=journal or Journal(""))
@@ -109,7 +109,7 @@ def cmd_status(config: Config, as_json: bool) -> int:
 def cmd_report(journal: str, since: str | None, site: str | None, out: str | None) -> int:
     from pathlib import Path
 
-    from provisioner.report import ReportError, parse_since, report
+    from provisioner.service.report import ReportError, parse_since, report
 
     try:
         start = parse_since(since) if since else None
@@ -123,7 +123,7 @@ def cmd_report(journal: str, since: str | None, site: str | None, out: str | Non
 
 
 def cmd_xcache_url(config: Config, site: str, urls: list[str]) -> int:
-    from provisioner.xcache import cache_url
+    from provisioner.data.xcache import cache_url
 
     if site not in config.site_names:
         _fail([f"--site {site!r}: no such site (sites: {', '.join(config.site_names)})"])
@@ -136,11 +136,11 @@ def cmd_xcache_url(config: Config, site: str, urls: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["campaign"]:  # its own parser (argparse.REMAINDER drops a leading -h)
-        from provisioner.campaign.command import main as campaign_main
+        from provisioner.data.campaign.command import main as campaign_main
 
         return campaign_main(argv[1:])
     if argv[:1] == ["image"]:  # no configuration needed; its own parser, as campaign
-        from provisioner.image import main as image_main
+        from provisioner.data.image import main as image_main
 
         return image_main(argv[1:])
     parser = argparse.ArgumentParser(prog="provisioner",
@@ -188,17 +188,17 @@ def main(argv: list[str] | None = None) -> int:
     # A cycle longer than the quick check (a site timing out) skips checks: expected.
     logging.getLogger("apscheduler").setLevel(logging.ERROR)
     if args.command == "bench":
-        from provisioner import benchread
+        from provisioner.data import benchread
 
         if not args.args or args.args[0] != "read":
             _fail(["bench: the only benchmark is `read` (provisioner bench read --help)"])
         return benchread.main(args.args[1:])
     if args.command == "campaign":
-        from provisioner.campaign.command import main as campaign_main
+        from provisioner.data.campaign.command import main as campaign_main
 
         return campaign_main(args.args)  # after global options: provisioner -v campaign ...
     if args.command == "image":
-        from provisioner.image import main as image_main
+        from provisioner.data.image import main as image_main
 
         return image_main(args.args)
     if args.command in onboard_cli.COMMANDS:
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_once(config, args.dry_run)
     if args.command == "status":
         return cmd_status(config, args.json)
-    from provisioner.service import Provisioner, run_forever
+    from provisioner.service.loop import Provisioner, run_forever
 
     with _locked(config):
         run_forever(Provisioner(config))

@@ -35,7 +35,7 @@ class _Model(BaseModel):
 class PoolConfig(_Model):
     collector: str = Field(default="127.0.0.1:9618", pattern=r"^[A-Za-z0-9.-]+(:[0-9]+)?$")
     #: The schedds whose queues are the demand (their Name in the collector). Empty: every
-    #: schedd the collector lists, each remembered once seen (`provisioner.schedds`).
+    #: schedd the collector lists, each remembered once seen (`provisioner.pool.schedds`).
     schedds: tuple[Annotated[str, Field(pattern=SCHEDD_NAME_PATTERN)], ...] = ()
     #: Deprecated alias of a one-item `schedds` (kept working; a warning says so).
     schedd: str | None = Field(default=None, pattern=SCHEDD_NAME_PATTERN)
@@ -50,7 +50,7 @@ class PoolConfig(_Model):
     #: The pool's UID_DOMAIN: identities are user@uid_domain (pilot@, provisioner@).
     uid_domain: str = Field(default="testbed", pattern=r"^[A-Za-z0-9][A-Za-z0-9.-]*$")
     #: The schedd's global event log, followed so that a submit wakes the loop at once
-    #: (`provisioner.submit_events`); the quick check stays the fallback. "auto": EVENT_LOG
+    #: (`provisioner.pool.submit_events`); the quick check stays the fallback. "auto": EVENT_LOG
     #: of this host's HTCondor configuration if set and its directory is here (the service
     #: runs beside the schedd), else off; "off"; or the log's absolute path.
     event_log: str = "auto"
@@ -94,7 +94,7 @@ class ReserveConfig(_Model):
     normal tail beyond ``factor`` standard deviations: the slots run out within a lead
     time with probability about ``eps`` (``factor * sqrt(a + d)``), and at most a share
     ``eps`` of the arriving jobs find none (exact Poisson sums: a sparse stream, where the
-    normal approximation keeps too few; `provisioner.reserve.reserve_size`).
+    normal approximation keeps too few; `provisioner.decide.reserve.reserve_size`).
 
     A reserve must pay for itself at every scale: jobs that arrived at fewer than
     ``min_arrival_times`` distinct times within ``evidence_s`` are not a rate (a batch
@@ -105,7 +105,7 @@ class ReserveConfig(_Model):
     A shape whose jobs are too rare to be likely to claim a reserve slot within the
     pilot's no-claim time gets none (``min_use_chance``), and a reserve pilot that ended
     by its no-claim shutdown is not replaced for its shape until a job of that shape
-    arrives again (`provisioner.reserve.NoClaimWatch`).
+    arrives again (`provisioner.decide.reserve.NoClaimWatch`).
     Slots are split over the recent arrivals by core count in proportion to the square
     root of their numbers (a rare shape's arrivals vary relatively more, so it gets more
     than its count); a slot takes the largest memory seen for its core count. They are
@@ -123,7 +123,7 @@ class ReserveConfig(_Model):
     window_s: float = Field(default=900, gt=0)
     #: Expected time from a submission decision to a pilot taking jobs: cycle delay +
     #: SLURM queue wait + pilot boot. Used until a site's queue wait has been learnt;
-    #: then the quickest site's learnt lead (`provisioner.reserve.reserve_lead`) is.
+    #: then the quickest site's learnt lead (`provisioner.decide.reserve.reserve_lead`) is.
     lead_s: float = Field(default=240, ge=0)
     #: Safety factor in standard deviations of net demand over one lead time (2.5: the
     #: slots run out, or a job finds none, with probability 0.6 %).
@@ -186,7 +186,7 @@ class PlacementConfig(_Model):
 
 
 class BreakerConfig(_Model):
-    """Circuit breaker of a black-hole site (provisioner.breaker): after `threshold`
+    """Circuit breaker of a black-hole site (provisioner.decide.breaker): after `threshold`
     pilots in a row end without joining the pool, no new pilots there for `base_s`,
     then one test pilot; each failed test doubles the pause, up to `max_s`."""
 
@@ -201,7 +201,7 @@ class PolicyConfig(_Model):
     #: An idle pilot is seen (and released) within one quick check of its last job.
     quick_check_s: float = Field(default=10, gt=0)
     #: No two cycles closer than this, less a tenth of a quick check (timer slack,
-    #: `provisioner.cadence.SLACK`), except when the interval has passed.
+    #: `provisioner.decide.cadence.SLACK`), except when the interval has passed.
     min_cycle_gap_s: float = Field(default=5, ge=0)
     #: While pilots are on their way into the pool and jobs wait, the pilots' ads are
     #: read this often (one collector query), and a pilot seen idle that was not before
@@ -224,7 +224,7 @@ class PolicyConfig(_Model):
     #: long is cancelled (broken image, authentication failure, unreachable collector).
     start_timeout_s: float = Field(default=900, gt=0)
     #: Evaluate each idle job shape's Requirements (and the pilot's START) against a
-    #: prototype of every site's pilot ad (`provisioner.prototype`, `sites[].pilot_ad`):
+    #: prototype of every site's pilot ad (`provisioner.pool.prototype`, `sites[].pilot_ad`):
     #: a shape no site's pilot would match causes no pilot. False: any site that has the
     #: resources is taken to match, as if jobs stated no Requirements.
     match_requirements: bool = True
@@ -390,7 +390,7 @@ class PilotAdConfig(_Model):
     """What a site's pilot startds advertise that the provisioner cannot derive (the
     node's platform, what its image offers). With the pilot's own attributes (site,
     size, file transfer, START) it makes the prototype ad that idle jobs' Requirements
-    are evaluated against before a pilot is started for them (`provisioner.prototype`).
+    are evaluated against before a pilot is started for them (`provisioner.pool.prototype`).
     An attribute a job requires and the prototype lacks makes the job unmatchable, as
     the negotiator would: declare in `extra_attributes` what the site's pilots really
     advertise (``condor_status -l`` on one of them), e.g. ``HasSingularity: true``."""

@@ -1,7 +1,7 @@
 """Plain data exchanged between the observe, plan and act phases.
 
 Everything here is immutable and free of I/O. The service builds a `Snapshot` from the
-schedd, the collector and `squeue`; `provisioner.plan.plan()` turns it into a `Plan` whose
+schedd, the collector and `squeue`; `provisioner.decide.plan.plan()` turns it into a `Plan` whose
 `actions` the service applies.
 """
 
@@ -48,7 +48,7 @@ class Demand:
     shape: JobShape
     idle: int  # number of idle jobs with this shape
     #: The sites whose pilot would match the shape's Requirements (computed while
-    #: observing, `provisioner.prototype`); None: not evaluated, any site with the
+    #: observing, `provisioner.pool.prototype`); None: not evaluated, any site with the
     #: resources matches.
     sites: frozenset[str] | None = None
     #: Why no site matches (when `sites` is empty).
@@ -110,7 +110,7 @@ class SiteEstimate:
 @dataclass(frozen=True)
 class FailingStarts:
     """Idle jobs of one shape whose last start failed before they really ran (the
-    starter's own error, `provisioner.failed_starts`): `jobs` of them, the most failed
+    starter's own error, `provisioner.decide.failed_starts`): `jobs` of them, the most failed
     starts among them (the schedd's cool-downs), one's error (VacateReason), and how
     many of them are in the schedd's cool-down (not started again before the pool's
     policy holds them)."""
@@ -174,7 +174,7 @@ class Snapshot:
     submit_limit: dict[str, int] = field(default_factory=dict)
     #: site -> most new pilots its SLURM limits allow this cycle (a learnt submission or
     #: job limit, a back-off after a busy sbatch, a refused configuration: 0); absent =
-    #: no limit known (`provisioner.limits`).
+    #: no limit known (`provisioner.decide.limits`).
     limit_room: dict[str, int] = field(default_factory=dict)
     #: sites whose circuit breaker is half-open: their pending pilot is the probe.
     probing: frozenset[str] = frozenset()

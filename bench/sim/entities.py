@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from bench.sim.traces import JobSpec
 from provisioner.config import SiteConfig
+from provisioner.decide.packing import fits_cpu_only, gpu_share
 from provisioner.model import Action, JobShape, round_memory
-from provisioner.packing import fits_cpu_only, gpu_share
 
 if TYPE_CHECKING:
     from bench.sim.world import World

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 
 from bench.sim.world import World
-from provisioner.accounting import JobRun, PilotRecord
+from provisioner.service.accounting import JobRun, PilotRecord
 
 #: Monday 2026-01-05 00:00 UTC.
 BASE = 1_767_571_200.0

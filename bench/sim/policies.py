@@ -1,6 +1,6 @@
 """Pilot policies for the simulator: ours (`plan()`), and the two baselines sites use today.
 
-- `PlanPolicy`: the service's decision core, `provisioner.controller.Controller`, called
+- `PlanPolicy`: the service's decision core, `provisioner.decide.controller.Controller`, called
   exactly as the service calls it: a cheap probe every `quick_check_s` (the pilots' ads
   every `join_check_s` while pilots join, asking for a negotiation when one joins while
   jobs wait), a full cycle when the controller says one is due, on a snapshot of the world.
@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 
 from bench.sim.entities import SimPilot, SiteModel
 from bench.sim.world import World
-from provisioner.cadence import Probe
 from provisioner.config import Config
-from provisioner.controller import Controller, QueueSize
+from provisioner.decide.cadence import Probe
+from provisioner.decide.controller import Controller, QueueSize
 from provisioner.model import Action, PilotState, Release, Submit
-from provisioner.submitter import submit_all
+from provisioner.service.submitter import submit_all
 
 
 class PlanPolicy:

@@ -149,7 +149,7 @@ class World:
 
     def queue_size(self, since: float) -> tuple[int, int]:
         """(jobs in the queue, of which submitted before `since`): what the service counts
-        in its schedd query (`provisioner.condor.QueueView.total`/`older`)."""
+        in its schedd query (`provisioner.pool.condor.QueueView.total`/`older`)."""
         first = bisect_left(self._submit_times, since)
         older = sum(1 for j in self.jobs[:first] if j.end is None)
         return older + sum(1 for j in self.jobs[first:] if j.end is None), older

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from provisioner.campaign.spec import CampaignError, load_campaign, substitute
+from provisioner.data.campaign.spec import CampaignError, load_campaign, substitute
 
 DEFAULT = "/src/deploy/testbed/campaigns/cache-modes.yaml"
 CONFIG = "/src/deploy/testbed/provisioner.yaml"

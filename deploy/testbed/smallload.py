@@ -39,10 +39,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench import small_workload as small  # noqa: E402
-from provisioner.accounting import JobRun, PilotRecord  # noqa: E402
-from provisioner.condor import HISTORY_ATTRS, job_run_of  # noqa: E402
 from provisioner.config import Config  # noqa: E402
-from provisioner.journal import Journal  # noqa: E402
+from provisioner.pool.condor import HISTORY_ATTRS, job_run_of  # noqa: E402
+from provisioner.service.accounting import JobRun, PilotRecord  # noqa: E402
+from provisioner.service.journal import Journal  # noqa: E402
 
 CONFIG = ROOT / "deploy/testbed/provisioner.yaml"
 RESULTS = ROOT / "bench/results"
@@ -271,7 +271,7 @@ def main() -> int:
         result, records = one_run(n, args, data, config)
         results.append(result)
         if records and plot is None and find_spec("matplotlib"):
-            from provisioner.plots import plot_cores
+            from provisioner.service.plots import plot_cores
             plot_cores(*records, RESULTS / "testbed-small.png")
             plot = ("testbed-small.png", n)
     date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())

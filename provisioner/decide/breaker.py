@@ -11,7 +11,7 @@ whatever happens to it later.
 
 States: closed -> open -> half-open -> closed | open (longer).
 
-The controller (`provisioner.controller.Controller`) feeds it once per cycle and is told
+The controller (`provisioner.decide.controller.Controller`) feeds it once per cycle and is told
 of every submission (`track`); the sites' states survive a restart through the journal
 (`to_dict`, `load`).
 """

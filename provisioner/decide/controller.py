@@ -4,7 +4,7 @@ simulator.
 `Controller` holds everything a cycle remembers from earlier cycles: pilot flags and their
 idle observations, the cadence mark of the last full cycle, the queue history that sizes the
 reserve's departures, the releases sent and not yet finished. It does no I/O and reads no
-clock: every method takes `now`. The service (`provisioner.service.Provisioner`) observes,
+clock: every method takes `now`. The service (`provisioner.service.loop.Provisioner`) observes,
 asks the controller, and acts; the simulator (`bench.sim.policies.PlanPolicy`) does the same
 against its virtual world, so both run the very same cycle.
 
@@ -23,9 +23,9 @@ Contract of one cycle, in order:
 5. After pilots were submitted: ``controller.submitted(keys)`` (the circuit breaker
    follows them from then on, even if one starts and dies before the next cycle looks).
    Each `Submit` sent, with the job ids it got and the error that stopped it:
-   ``controller.sent(action, ids, error, now)`` (SLURM's limits, `provisioner.limits`);
+   ``controller.sent(action, ids, error, now)`` (SLURM's limits, `provisioner.decide.limits`);
    after a failure, ``controller.replan(now)`` places what the failed site was to take
-   at the other sites in the same cycle (`provisioner.submitter` drives both).
+   at the other sites in the same cycle (`provisioner.service.submitter` drives both).
    After a release was sent: ``controller.released(key, now)``; once per cycle, with the
    pool's view, ``controller.follow_releases(now, view)`` names the SLURM jobs of released
    pilots to cancel (startd gone, job lingering). A `Retire` or `Unretire` counts as sent
@@ -40,12 +40,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from provisioner.arrivals import QueueHistory, departures
-from provisioner.breaker import SiteBreakers
-from provisioner.cadence import SLACK, CycleMark, Probe, cycle_due
 from provisioner.config import Config
-from provisioner.estimates import Estimates
-from provisioner.limits import SiteLimits
+from provisioner.decide.arrivals import QueueHistory, departures
+from provisioner.decide.breaker import SiteBreakers
+from provisioner.decide.cadence import SLACK, CycleMark, Probe, cycle_due
+from provisioner.decide.estimates import Estimates
+from provisioner.decide.limits import SiteLimits
+from provisioner.decide.plan import carry_over, plan
+from provisioner.decide.reserve import NoClaimWatch, ShapeRates
+from provisioner.decide.scaledown import drained_empty
+from provisioner.decide.stuck import StuckGroups
 from provisioner.model import (
     Action,
     Cancel,
@@ -57,11 +61,7 @@ from provisioner.model import (
     Submit,
     Unretire,
 )
-from provisioner.plan import carry_over, plan
-from provisioner.reserve import NoClaimWatch, ShapeRates
-from provisioner.scaledown import drained_empty
 from provisioner.sites.base import BackendError
-from provisioner.stuck import StuckGroups
 
 log = logging.getLogger(__name__)
 
@@ -248,7 +248,7 @@ class Controller:
         """`snapshot` with the carried state filled in: flags, idle observations, the
         arrival window and the departures during it, the learnt site estimates, pending
         pilots' unneeded cycles and hedges, circuit-breaker limits, drained pilots, and
-        stuck shapes marked as matching no site (`provisioner.stuck`). With `commit`,
+        stuck shapes marked as matching no site (`provisioner.decide.stuck`). With `commit`,
         this cycle's pilots and idle shapes are learnt from first."""
         known = {v.name for v in snapshot.sites if v.known}
         seen = [p for p in snapshot.pilots if p.site in known]

@@ -16,7 +16,7 @@ keeps it from starting before the hold. A job evicted for any other reason (pilo
 walltime, release, lost node), or ended by a starter error after it ran longer than
 the window, is not failing.
 
-The reports (`provisioner.stuck`, `provisioner status`) give this as the cause, instead of
+The reports (`provisioner.decide.stuck`, `provisioner status`) give this as the cause, instead of
 "idle beside an unclaimed pilot"; a job in its cool-down is not demand (no pilot can start
 it, and it will be held).
 """

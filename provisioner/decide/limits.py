@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from provisioner.backoff import SiteBackoff
+from provisioner.decide.backoff import SiteBackoff
 from provisioner.sites.base import AtLimit, BackendError, Misconfigured
 
 SUBMISSION = "submission limit"

@@ -3,7 +3,7 @@
 A shape fits a site when the site's largest pilot has the cores, the memory (rounded like
 the startd), the GPUs and, for a job that states its runtime, the usable walltime, the
 job's DesiredSites (if any) names the site and, for a row whose Requirements were
-evaluated while observing (`Demand.sites`, `provisioner.prototype`), the site's pilot
+evaluated while observing (`Demand.sites`, `provisioner.pool.prototype`), the site's pilot
 matches them. A shape no site fits is reported with one readable reason and never causes
 a pilot.
 """
@@ -15,8 +15,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from provisioner.config import SiteConfig
+from provisioner.decide.packing import Item
 from provisioner.model import Demand, JobShape, Unmatchable, round_memory
-from provisioner.packing import Item
 
 
 @dataclass(slots=True)

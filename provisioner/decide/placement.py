@@ -18,7 +18,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 
 from provisioner.config import Config, PlacementConfig
-from provisioner.matching import Row
+from provisioner.decide.matching import Row
 from provisioner.model import PilotState, SiteEstimate, Snapshot
 
 

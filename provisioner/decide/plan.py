@@ -4,17 +4,17 @@ One cycle, as named stages over small records (a `Row` per demand shape, a `Site
 site):
 
 1. `match_demand`: every demand shape to the sites whose largest pilot can run it
-   (`provisioner.matching`); shapes no site can run are `Unmatchable` and cause nothing.
-   The predictive reserve (`provisioner.reserve`) adds rows after all real demand.
+   (`provisioner.decide.matching`); shapes no site can run are `Unmatchable` and cause nothing.
+   The predictive reserve (`provisioner.decide.reserve`) adds rows after all real demand.
 2. `fill_existing`: rows into capacity that exists: free resources of BUSY then IDLE pilots
    that can still take work, then the whole shape of STARTING and PENDING pilots.
 3. `fill_new`: what is left into new pilots, each site limited by its caps and the global
    per-cycle cap; real demand at every site first, then the reserve. New pilots are sized
    down to what they hold (between min_cpus and cpus).
 4. `submissions`: one `Submit` per site and pilot size, and the per-site summary.
-5. `pilot_actions` (`provisioner.scaledown`): flag, unflag, release, cancel, retire.
+5. `pilot_actions` (`provisioner.decide.scaledown`): flag, unflag, release, cancel, retire.
 
-Existing and new capacity share one packing index (`provisioner.packing.CapacityIndex`).
+Existing and new capacity share one packing index (`provisioner.decide.packing.CapacityIndex`).
 If the pool is unknown nothing happens; at an unknown site nothing happens, but its
 pilots' capacity still counts.
 """
@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from provisioner.config import Config, SiteConfig
-from provisioner.matching import (
+from provisioner.decide.matching import (
     Row,
     demand_of,
     item_of,
@@ -34,6 +34,25 @@ from provisioner.matching import (
     site_rejects,
     unmatchable_reason,
 )
+from provisioner.decide.packing import (
+    INF,
+    NO_SHARE,
+    BinGroup,
+    CapacityIndex,
+    GpuShare,
+    Item,
+    NewPilots,
+)
+from provisioner.decide.placement import (
+    costs_of,
+    ranked,
+    shares,
+    site_leads,
+    slow_pending,
+    whole_pilots,
+)
+from provisioner.decide.reserve import reserve_lead, reserve_rows, reserve_size
+from provisioner.decide.scaledown import carry_over, pilot_actions
 from provisioner.model import (
     Action,
     Pilot,
@@ -43,25 +62,6 @@ from provisioner.model import (
     Snapshot,
     Submit,
 )
-from provisioner.packing import (
-    INF,
-    NO_SHARE,
-    BinGroup,
-    CapacityIndex,
-    GpuShare,
-    Item,
-    NewPilots,
-)
-from provisioner.placement import (
-    costs_of,
-    ranked,
-    shares,
-    site_leads,
-    slow_pending,
-    whole_pilots,
-)
-from provisioner.reserve import reserve_lead, reserve_rows, reserve_size
-from provisioner.scaledown import carry_over, pilot_actions
 
 __all__ = ["SiteRow", "carry_over", "demand_of", "item_of", "plan", "reserve_size",
            "site_rejects", "unmatchable_reason"]

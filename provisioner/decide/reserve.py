@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from provisioner.config import Config, SiteConfig
-from provisioner.matching import Row, fitting_sites, item_of, matched_sites
+from provisioner.decide.matching import Row, fitting_sites, item_of, matched_sites
 from provisioner.model import Action, Cancel, JobShape, Pilot, PilotState, Release, Retire, Snapshot
 
 

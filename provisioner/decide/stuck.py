@@ -1,6 +1,6 @@
 """Groups that match no pilot in practice (pure): idle beside a pilot that fits them.
 
-The prototype (`provisioner.prototype`) says which sites' pilots should match a shape; the
+The prototype (`provisioner.pool.prototype`) says which sites' pilots should match a shape; the
 negotiator may still never match it (an attribute the prototype has and real pilots lack,
 a START clause of the node, a pool policy). A shape whose jobs stay idle for
 `policy.stuck_after_s` while the same fitting pilot stays unclaimed beside them is stuck:
@@ -12,7 +12,7 @@ from being stranded by a cause that goes away (a negotiator down for longer than
 stuck_after_s, a node attribute an admin fixes): at worst one pilot per retry period is
 spent on a shape that is still stuck.
 
-Jobs whose last start failed (`Snapshot.failing`, `provisioner.failed_starts`) are not
+Jobs whose last start failed (`Snapshot.failing`, `provisioner.decide.failed_starts`) are not
 idle for this: they were matched, and their cause is known. Their shape is reported
 once, with the starter's error, while it has such jobs (again only after none was seen
 for `retry_s`); a matched-again, failed-again job changes nothing in the report.
@@ -25,8 +25,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from provisioner.config import Config, SiteConfig
-from provisioner.failed_starts import describe_failing
-from provisioner.matching import item_of, matched_sites
+from provisioner.decide.failed_starts import describe_failing
+from provisioner.decide.matching import item_of, matched_sites
 from provisioner.model import Demand, FailingStarts, JobShape, Pilot, PilotState, Snapshot
 
 STUCK = "stuck: matches no pilot in practice"

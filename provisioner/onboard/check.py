@@ -24,7 +24,7 @@ from provisioner.config import Config, SiteConfig, SshExecutorConfig
 from provisioner.onboard.discover import slurm_env
 from provisioner.onboard.table import Check, failed, passed, skipped
 from provisioner.pilot.script import TemplateError, render_pilot_script
-from provisioner.secrets import check_secret_files
+from provisioner.service.secrets import check_secret_files
 from provisioner.sites import make_executor
 from provisioner.sites.base import BackendError, PilotRequest
 from provisioner.sites.executor import Executor, SshExecutor

@@ -11,10 +11,10 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from provisioner.data.xcache import proxy_environment
 from provisioner.pilot import testcache
 from provisioner.pilot.containers import config_string
 from provisioner.pilot.workfiles import JOB_WRAPPER, TRANSFER_PLUGIN
-from provisioner.xcache import proxy_environment
 
 
 class PilotError(Exception):

@@ -56,7 +56,7 @@ log = logging.getLogger("provisioner.pilot")
 
 
 #: SLURM sends its warning signal up to this much earlier than asked
-#: (provisioner.pilot_view.SLURM_SIGNAL_SLOP_S; not imported: the pilot has no HTCondor
+#: (provisioner.pool.pilot_view.SLURM_SIGNAL_SLOP_S; not imported: the pilot has no HTCondor
 #: bindings).
 SIGNAL_SLOP_S = 60
 #: Retire and its withdrawal (provisioner.sites.slurm_cli.RETIRE_SIGNAL, UNRETIRE_SIGNAL).

@@ -17,17 +17,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from provisioner.accounting import JobRun
 from provisioner.config import PoolConfig
-from provisioner.failed_starts import START_ATTRS, StartFailure, cooling, fold, start_failure
+from provisioner.decide.failed_starts import START_ATTRS, StartFailure, cooling, fold, start_failure
 from provisioner.model import Demand, JobShape
-from provisioner.schedds import QueueView, merge_views, negotiation_targets, roster
+from provisioner.pool.schedds import QueueView, merge_views, negotiation_targets, roster
+from provisioner.service.accounting import JobRun
 
 log = logging.getLogger(__name__)
 
 #: Job attributes a Requirements expression commonly reads besides the requests; their
 #: values go with the shape, so a site's pilot is matched as the negotiator would
-#: (`provisioner.prototype`).
+#: (`provisioner.pool.prototype`).
 MATCH_JOB_ATTRS = ("FileSystemDomain", "UidDomain", "WantContainer", "ContainerImage",
                    "WantDocker", "DockerImage", "SingularityImage", "JobUniverse")
 JOB_ATTRS = ["JobStatus", "RemoteHost", "QDate", "RequestCpus", "RequestMemory", "RequestDisk",
@@ -190,7 +190,7 @@ def startd_of(remote_host: str) -> str:
 
 
 def failure_of(ad: Any) -> StartFailure | None:
-    """An idle job's failed start, from its ad (`provisioner.failed_starts`)."""
+    """An idle job's failed start, from its ad (`provisioner.decide.failed_starts`)."""
     return start_failure(
         _int(ad, "VacateReasonCode"), _str(ad, "VacateReason"), _int(ad, "JobCurrentStartDate"),
         _int(ad, "JobCurrentStartExecutingDate"), _int(ad, "LastVacateTime"),
@@ -282,7 +282,7 @@ def pilot_ads_of(slot_ads: Iterable[Any]) -> dict[str, PilotAd]:
 
 
 class Pool:
-    """Reads the pool as the provisioner identity: every schedd (`provisioner.schedds`)
+    """Reads the pool as the provisioner identity: every schedd (`provisioner.pool.schedds`)
     and the collector.
 
     Pilots are not drained from here: a pilot's startd cannot verify IDTOKENS

@@ -14,7 +14,7 @@ site) across cycles: one evaluation per shape and site.
 
 Choices:
 - Resources: the prototype has the largest pilot's cores and memory and an unbounded
-  disk. The packing (`provisioner.matching`) decides whether a shape fits a pilot by its
+  disk. The packing (`provisioner.decide.matching`) decides whether a shape fits a pilot by its
   requests with better reasons; here only what no pilot size can change decides.
 - Time: START compares ``time()`` with the pilot's walltime end; the prototype is a
   pilot that starts at time 0 and ends at its walltime (`PilotStartTime`), so a result

@@ -32,7 +32,7 @@ class QueueView:
     total: int = 0  #: jobs in the queue (idle, running, transferring, suspended)
     older: int = 0  #: of those, submitted before the arrival window (QDate < since)
     newest: float | None = None  #: the latest QDate in the queue (None: empty)
-    #: Idle jobs whose last start failed (`provisioner.failed_starts`), by shape.
+    #: Idle jobs whose last start failed (`provisioner.decide.failed_starts`), by shape.
     failing: tuple[FailingStarts, ...] = ()
     #: Schedds on the roster that were not read, (name, why): their jobs are not in
     #: this view (unknown, not empty).

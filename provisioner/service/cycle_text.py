@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from provisioner.journal import Journal
 from provisioner.model import PilotState, Submit
+from provisioner.service.journal import Journal
 
 if TYPE_CHECKING:
-    from provisioner.service import CycleResult
+    from provisioner.service.loop import CycleResult
 
 
 def describe(action: Any) -> str:

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from provisioner.accounting import JobRun, PilotRecord
 from provisioner.pilot.endrecord import EndRecord
+from provisioner.service.accounting import JobRun, PilotRecord
 
 SCHEMA_VERSION = 4
 

@@ -17,12 +17,12 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
-from provisioner.accounting import JobRun
-from provisioner.condor import PoolUnreachable
-from provisioner.journal import Journal, PilotEvents, SeenPilot
-from provisioner.metrics import Metrics
 from provisioner.model import JobShape, Unmatchable
 from provisioner.pilot.endrecord import EndRecord
+from provisioner.pool.condor import PoolUnreachable
+from provisioner.service.accounting import JobRun
+from provisioner.service.journal import Journal, PilotEvents, SeenPilot
+from provisioner.service.metrics import Metrics
 from provisioner.sites.base import MAX_END_RECORDS, SiteJob
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """The reconcile loop: observe (I/O, batched) -> plan (pure) -> act (I/O, idempotent).
 
 Observe reads one schedd query, one collector query and one `squeue` per site
-and builds an immutable Snapshot. `provisioner.plan.plan()` decides. Act applies
+and builds an immutable Snapshot. `provisioner.decide.plan.plan()` decides. Act applies
 the decisions: submits, releases (re-checked against a fresh collector read
 right before), cancels of pending pilots. A site or pool that cannot be read is
 unknown, never empty: plan() then takes no action there.
@@ -16,15 +16,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from provisioner.backoff import SiteBackoff
-from provisioner.cadence import Probe, gap_holds
-from provisioner.condor import PilotAd, Pool, PoolUnreachable, QueueView
 from provisioner.config import Config
-from provisioner.controller import Controller, PoolView, QueueSize
-from provisioner.cycle_text import action_target, breakers_of, describe, summary_line
-from provisioner.journal import Journal
-from provisioner.ledger import Ledger
-from provisioner.metrics import Metrics, MetricsError, circuit_codes, limit_codes
+from provisioner.decide.backoff import SiteBackoff
+from provisioner.decide.cadence import Probe, gap_holds
+from provisioner.decide.controller import Controller, PoolView, QueueSize
 from provisioner.model import (
     Cancel,
     Demand,
@@ -41,7 +36,8 @@ from provisioner.model import (
     Unretire,
 )
 from provisioner.pilot.script import render_pilot_script
-from provisioner.pilot_view import (
+from provisioner.pool.condor import PilotAd, Pool, PoolUnreachable, QueueView
+from provisioner.pool.pilot_view import (
     SLURM_SIGNAL_SLOP_S,
     Disagreements,
     ad_busy,
@@ -51,7 +47,13 @@ from provisioner.pilot_view import (
     pilot_state,
     runs_jobs,
 )
-from provisioner.prototype import SiteMatcher
+from provisioner.pool.prototype import SiteMatcher
+from provisioner.pool.submit_events import EventLogFollower, Wakeup, resolve_path
+from provisioner.service.cycle_text import action_target, breakers_of, describe, summary_line
+from provisioner.service.journal import Journal
+from provisioner.service.ledger import Ledger
+from provisioner.service.metrics import Metrics, MetricsError, circuit_codes, limit_codes
+from provisioner.service.submitter import refusal_kind, submit_all
 from provisioner.sites import make_backend
 from provisioner.sites.base import (
     BackendError,
@@ -59,8 +61,6 @@ from provisioner.sites.base import (
     SiteBackend,
     SiteJob,
 )
-from provisioner.submit_events import EventLogFollower, Wakeup, resolve_path
-from provisioner.submitter import refusal_kind, submit_all
 
 log = logging.getLogger(__name__)
 

@@ -16,12 +16,12 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from provisioner.accounting import HOUR_S, JobRun, PilotRecord
-from provisioner.breaker import BreakerState
 from provisioner.config import MetricsConfig, SiteConfig
-from provisioner.limits import SiteLimits
-from provisioner.matching import item_of, site_rejects
+from provisioner.decide.breaker import BreakerState
+from provisioner.decide.limits import SiteLimits
+from provisioner.decide.matching import item_of, site_rejects
 from provisioner.model import Demand, Pilot, PilotState, Unmatchable
+from provisioner.service.accounting import HOUR_S, JobRun, PilotRecord
 
 P = "provisioner_"
 

@@ -12,7 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.dates as mdates
 import matplotlib.pyplot as plt
 
-from provisioner.accounting import JobRun, PilotRecord, SiteDay, core_timeline, gpu_timeline
+from provisioner.service.accounting import JobRun, PilotRecord, SiteDay, core_timeline, gpu_timeline
 
 
 def plot_step(pilots: Sequence[PilotRecord], now: float, points: int = 400) -> float:

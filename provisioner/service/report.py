@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from provisioner.accounting import JobRun, PilotRecord, SiteDay, site_days, totals
-from provisioner.journal import Journal
+from provisioner.service.accounting import JobRun, PilotRecord, SiteDay, site_days, totals
+from provisioner.service.journal import Journal
 
 NOTHING = "nothing to report yet"
 COLUMNS = ["site", "day", "pilots", "allocated_core_h", "claimed_core_h", "idle_startup_core_h",
@@ -143,7 +143,7 @@ def report(journal_path: str, now: float, since: float | None = None,
             w.writerows([site_, reason, n, f"{hours:.4f}"] for site_, reason, n, hours in ended)
         written.append(out / "ends.csv")
         try:
-            from provisioner.plots import plot_cores, plot_gpus, plot_idle
+            from provisioner.service.plots import plot_cores, plot_gpus, plot_idle
         except ImportError:  # matplotlib is optional (the `bench` extra)
             pass
         else:

@@ -11,7 +11,7 @@ estimate placement uses, kept in the journal; the configured defaults while samp
 0), flagged}], ``demand`` [{cores, memory_mb,
 runtime_s, idle, sites}], ``unmatchable`` [{cores, memory_mb, idle, reason}],
 ``failing_starts`` [{cores, memory_mb, jobs, failed_starts, cooling, reason}] (idle jobs
-whose last start failed: the starter's error, `provisioner.failed_starts`),
+whose last start failed: the starter's error, `provisioner.decide.failed_starts`),
 ``flagged`` [pilot keys], ``last_cycle`` {at, age_s, summary, duration_s, actions} or null.
 """
 
@@ -20,12 +20,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from provisioner.accounting import PilotRecord, percentile
 from provisioner.config import Config
-from provisioner.failed_starts import cause
-from provisioner.matching import match_demand
-from provisioner.metrics import cores_by_site
+from provisioner.decide.failed_starts import cause
+from provisioner.decide.matching import match_demand
 from provisioner.model import Pilot, PilotState, Snapshot
+from provisioner.service.accounting import PilotRecord, percentile
+from provisioner.service.metrics import cores_by_site
 
 DAY_S = 86400.0
 

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from provisioner.controller import Controller
+from provisioner.decide.controller import Controller
 from provisioner.model import Submit
 from provisioner.sites.base import AtLimit, BackendError, Misconfigured, Transient, Unreachable
 

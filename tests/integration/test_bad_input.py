@@ -15,7 +15,7 @@ from test_loop import clean_pool, jobs_left, submit, wait_for
 
 from provisioner.config import Config, parse_config
 from provisioner.model import Cancel, PilotState
-from provisioner.service import Provisioner
+from provisioner.service.loop import Provisioner
 
 
 def config_with(tmp_path: Path, edit: dict[str, object] | None = None,

@@ -56,7 +56,7 @@ def test_a_server_that_stops_answering_fails_the_reader_within_its_timeout() -> 
                                "bench-stall", "-c", str(config), "-l",
                                "/run/bench-stall/xrootd.log"])
     try:
-        reader = ["python3", "/src/provisioner/benchread.py", url, "--block-size", "1M",
+        reader = ["python3", "/src/provisioner/data/benchread.py", url, "--block-size", "1M",
                   "--timeout", "5"]
         wait_for("the private server answers", lambda: run(
             reader, host="fra-n1", check=False).returncode == 0, 60, step=1)

@@ -16,7 +16,7 @@ from test_loop import ALICE, submit_script
 from test_testbed import _origin_opens, _sha256
 from test_xcache import AT_FRANKFURT, DATA, prov, run_jobs  # noqa: F401 (fixture)
 
-from provisioner.service import Provisioner
+from provisioner.service.loop import Provisioner
 
 CACHE_MODE = "/src/deploy/testbed/inside/cache-mode"
 # Three reads; for each: its checksum and where the client was sent.

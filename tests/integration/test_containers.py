@@ -26,7 +26,7 @@ from test_loop import (
     wait_for,
 )
 
-from provisioner.service import Provisioner
+from provisioner.service.loop import Provisioner
 
 PAYLOAD = "/opt/images/payload.sif"
 BOB = Path("/home/bob")

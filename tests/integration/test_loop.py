@@ -32,7 +32,7 @@ from servicectl import Service, service_dir, write_config
 
 from provisioner.config import Config
 from provisioner.model import Flag, PilotState, Release, Retire, Submit, Unflag, Unretire
-from provisioner.service import CycleResult, Provisioner
+from provisioner.service.loop import CycleResult, Provisioner
 
 ALICE = Path("/home/alice")
 

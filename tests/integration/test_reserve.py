@@ -1,5 +1,5 @@
 """The reserve's inputs from the real schedd: arrivals by QDate and departures from the
-queue size one window back (provisioner.arrivals), through `Provisioner.observe()` and
+queue size one window back (provisioner.decide.arrivals), through `Provisioner.observe()` and
 the controller that carries the queue history (`Controller.prepare`).
 
 The service's clock is injected so that one window passes at once; QDate and the
@@ -14,8 +14,8 @@ import pytest
 from conftest import run, service_config
 from test_loop import clean, jobs_left, submit  # noqa: F401 (clean: fixture)
 
-from provisioner.plan import plan, reserve_size
-from provisioner.service import Provisioner
+from provisioner.decide.plan import plan, reserve_size
+from provisioner.service.loop import Provisioner
 
 WINDOW = 600.0
 

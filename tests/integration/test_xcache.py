@@ -17,7 +17,7 @@ from conftest import run, service_config
 from test_loop import ALICE, clean_pool, jobs_left, submit_script, wait_for
 from test_testbed import _origin_opens, _sha256
 
-from provisioner.service import Provisioner
+from provisioner.service.loop import Provisioner
 
 ORIGIN = "root://gsi-storage:1094"
 DATA = Path("/srv/origin/data")

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from provisioner.accounting import JobRun
-from provisioner.condor import PilotAd, PoolUnreachable, QueueView
 from provisioner.model import Demand
 from provisioner.pilot.endrecord import EndRecord
+from provisioner.pool.condor import PilotAd, PoolUnreachable, QueueView
+from provisioner.service.accounting import JobRun
 from provisioner.sites.base import SiteJob
 
 

@@ -7,7 +7,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from provisioner.accounting import (
+from provisioner.service.accounting import (
     DAY_S,
     JobRun,
     PilotRecord,

@@ -1,10 +1,10 @@
-"""The queue history behind the reserve's departures (provisioner.arrivals) and the
+"""The queue history behind the reserve's departures (provisioner.decide.arrivals) and the
 schedd fold that feeds it."""
 
 from __future__ import annotations
 
-from provisioner.arrivals import QueueHistory, departures
-from provisioner.condor import queue_view
+from provisioner.decide.arrivals import QueueHistory, departures
+from provisioner.pool.condor import queue_view
 
 from .test_boundaries import Ad
 

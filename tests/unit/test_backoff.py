@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from provisioner.backoff import SiteBackoff
+from provisioner.decide.backoff import SiteBackoff
 
 
 def test_delays_double_up_to_the_cap_and_reset_on_success() -> None:

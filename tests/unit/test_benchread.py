@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from provisioner import benchread
-from provisioner.benchread import (
+from provisioner.data import benchread
+from provisioner.data.benchread import (
     PerSecond,
     ReadError,
     RetryOnce,

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from provisioner.condor import pilot_ads_of, queue_view, startd_of
 from provisioner.config import parse_config
 from provisioner.model import JobShape, PilotState
 from provisioner.pilot.params import PilotError, local_config, params_from_env
 from provisioner.pilot.script import render_pilot_script
-from provisioner.service import merge_pilots, pilot_state
+from provisioner.pool.condor import pilot_ads_of, queue_view, startd_of
+from provisioner.service.loop import merge_pilots, pilot_state
 from provisioner.sites.base import PilotRequest, SiteJob, SiteJobState
 from provisioner.sites.slurm_cli import STATE_TABLE, SlurmCliBackend, parse_squeue
 
@@ -230,7 +230,7 @@ def test_config_refuses_shell_metacharacters_in_paths() -> None:
 
 
 def test_history_ad_to_job_run() -> None:
-    from provisioner.condor import history_constraint, job_run_of
+    from provisioner.pool.condor import history_constraint, job_run_of
 
     ad = Ad(ClusterId=12, ProcId=3, Owner="alice", JobStatus=4, RequestCpus=2,
             JobCurrentStartDate=1000, JobStartDate=900, CompletionDate=4600,
@@ -257,8 +257,8 @@ def test_the_cycle_line_says_which_busy_pilots_have_no_ad() -> None:
     are missing; the line counts them busy and says how many lack an ad."""
     import dataclasses
 
-    from provisioner.plan import plan
-    from provisioner.service import CycleResult, Observation, summary_line
+    from provisioner.decide.plan import plan
+    from provisioner.service.loop import CycleResult, Observation, summary_line
     from tests.unit.helpers import NOW, config, pilot, snap
 
     seen = dataclasses.replace(pilot("1", PilotState.BUSY), name="pilot-gsi-1@n1")

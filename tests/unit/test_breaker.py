@@ -10,8 +10,8 @@ import dataclasses
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from provisioner.breaker import SiteBreakers
-from provisioner.controller import Controller
+from provisioner.decide.breaker import SiteBreakers
+from provisioner.decide.controller import Controller
 from provisioner.model import Cancel, JobShape, Pilot, PilotState, Submit
 
 from .helpers import NOW, config, pilot, snap

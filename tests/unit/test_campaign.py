@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from provisioner.campaign.aggregate import (
+from provisioner.data.campaign.aggregate import (
     GBIT,
     StepSummary,
     aggregate,
@@ -26,8 +26,8 @@ from provisioner.campaign.aggregate import (
     step_span,
     summarize,
 )
-from provisioner.campaign.fioclient import bw_series, read_netdev
-from provisioner.campaign.report import (
+from provisioner.data.campaign.fioclient import bw_series, read_netdev
+from provisioner.data.campaign.report import (
     HIT_GOAL,
     campaign_copy,
     completeness,
@@ -36,7 +36,7 @@ from provisioner.campaign.report import (
     render,
     roles,
 )
-from provisioner.campaign.runner import (
+from provisioner.data.campaign.runner import (
     CondorPool,
     Event,
     Runner,
@@ -44,7 +44,7 @@ from provisioner.campaign.runner import (
     fold_events,
     submit_file,
 )
-from provisioner.campaign.spec import (
+from provisioner.data.campaign.spec import (
     CampaignError,
     classad_literal,
     load_campaign,
@@ -469,7 +469,7 @@ def test_runner_submits_each_step_and_renders(tmp_path: Path) -> None:
     desc, items = pool.submitted[1]
     assert desc["requirements"] == 'PilotSite == "frankfurt"'
     assert (desc["+DesiredSites"], desc["+WantXCache"]) == ('"frankfurt"', "false")
-    assert desc["executable"].endswith("provisioner/benchread.py")
+    assert desc["executable"].endswith("provisioner/data/benchread.py")
     assert desc["transfer_output_remaps"] == '"reads.csv = client-$(client).csv"'
     assert items == [{"client": "0", "url": "root://fra-cache:1094//root://gsi-storage:1094"
                       "//data/f-0"}, {"client": "1", "url": "root://fra-cache:1094//root://"
@@ -589,7 +589,7 @@ def test_a_fio_client_asks_for_a_whole_pilot_and_ships_its_jobfile(tmp_path: Pat
     runner.file = REPO / "deploy/testbed/campaigns/fio-seq.yaml"
     desc = runner.description(tmp_path, "frankfurt", "seq-read", 2, warm=False)
     assert desc["request_cpus"] == "4"
-    assert desc["executable"].endswith("provisioner/campaign/fioclient.py")
+    assert desc["executable"].endswith("provisioner/data/campaign/fioclient.py")
     assert desc["transfer_input_files"].endswith("deploy/testbed/campaigns/seq-read.fio")
     assert desc["arguments"] == "seq-read.fio --json fio.json --netdev netdev.csv --bwlog bw.csv"
     # fio's own data files (64 MiB each here) stay on the node.
@@ -612,7 +612,7 @@ def test_the_fio_client_samples_the_network_while_fio_runs(tmp_path: Path) -> No
         "  printf '10001500, 1, 0, 1048576, 0\\n' > fioclient_bw.2.log\nfi\n")
     fake.chmod(0o755)
     (tmp_path / "job.fio").write_text("[x]\n")
-    script = REPO / "provisioner/campaign/fioclient.py"
+    script = REPO / "provisioner/data/campaign/fioclient.py"
     proc = subprocess.run(["python3", str(script), "job.fio", "--fio", str(fake),
                            "--bwlog", "bw.csv"],
                           cwd=tmp_path, capture_output=True, text=True, check=False)
@@ -714,7 +714,7 @@ def test_an_unexpected_error_is_recorded_with_its_message_and_the_report_written
 
 
 def test_ctrl_c_is_taken_between_two_polls_and_a_second_one_at_once() -> None:
-    from provisioner.campaign.command import CtrlC
+    from provisioner.data.campaign.command import CtrlC
 
     stop = CtrlC()
     stop.sleep(0.01)  # nothing pressed: an ordinary sleep

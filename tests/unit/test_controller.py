@@ -8,13 +8,13 @@ from bench.sim.policies import PlanPolicy
 from bench.sim.scenarios import default_config, default_sites
 from bench.sim.traces import HOUR, TRACES
 from bench.sim.world import World
-from provisioner.cadence import CycleMark, Probe
-from provisioner.condor import PilotAd
 from provisioner.config import PolicyConfig
-from provisioner.controller import Controller
-from provisioner.journal import Journal
+from provisioner.decide.cadence import CycleMark, Probe
+from provisioner.decide.controller import Controller
 from provisioner.model import Action, PilotState, Snapshot
-from provisioner.service import Provisioner, describe
+from provisioner.pool.condor import PilotAd
+from provisioner.service.journal import Journal
+from provisioner.service.loop import Provisioner, describe
 from provisioner.sites.base import SiteJob, SiteJobState
 from tests.unit.fakes import Clock, FakeBackend, FakePool
 

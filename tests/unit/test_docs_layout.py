@@ -1,7 +1,7 @@
 """docs/layout.md names every part of the package, and only paths that exist.
 
 Every module of `provisioner/` (but `__init__.py`), every package and every package-data
-file must be mentioned as a path in backquotes (`provisioner/plan.py`,
+file must be mentioned as a path in backquotes (`provisioner/decide/plan.py`,
 `provisioner/sites/`); every repository path the page mentions so must exist.
 """
 
@@ -56,7 +56,7 @@ def test_layout_names_only_paths_that_exist() -> None:
 
 def test_the_walk_finds_modules_packages_and_data_files() -> None:
     parts = package_parts()
-    assert "provisioner/plan.py" in parts
+    assert "provisioner/decide/plan.py" in parts
     assert "provisioner/sites/" in parts
     assert not any(p.endswith("__init__.py") for p in parts)
     assert any(p.startswith("provisioner/pilot/files/") and p.endswith(".sh") for p in parts)

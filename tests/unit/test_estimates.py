@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from provisioner.controller import Controller
+from provisioner.decide.controller import Controller
 from provisioner.model import PilotState
 
 from .helpers import NOW, config, pilot, snap

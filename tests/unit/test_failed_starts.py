@@ -12,11 +12,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from provisioner.condor import JOB_ATTRS, queue_view
-from provisioner.controller import Controller
-from provisioner.failed_starts import FAILED_START_WITHIN_S, START_ATTRS, cause, start_failure
+from provisioner.decide.controller import Controller
+from provisioner.decide.failed_starts import (
+    FAILED_START_WITHIN_S,
+    START_ATTRS,
+    cause,
+    start_failure,
+)
 from provisioner.model import Demand, FailingStarts, JobShape, PilotState, Snapshot
-from provisioner.status import gather, render
+from provisioner.pool.condor import JOB_ATTRS, queue_view
+from provisioner.service.status import gather, render
 from tests.unit.helpers import NOW, config, pilot, site, snap
 
 SHAPE = JobShape(1, 2000)

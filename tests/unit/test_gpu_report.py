@@ -8,11 +8,18 @@ import csv
 import dataclasses
 from pathlib import Path
 
-from provisioner.accounting import DAY_S, JobRun, PilotRecord, gpu_timeline, site_days, totals
-from provisioner.journal import Journal, SeenPilot
-from provisioner.metrics import cores_by_site, gpu_hours
 from provisioner.model import PilotState
-from provisioner.report import report
+from provisioner.service.accounting import (
+    DAY_S,
+    JobRun,
+    PilotRecord,
+    gpu_timeline,
+    site_days,
+    totals,
+)
+from provisioner.service.journal import Journal, SeenPilot
+from provisioner.service.metrics import cores_by_site, gpu_hours
+from provisioner.service.report import report
 from provisioner.sites.base import SiteJob, SiteJobState
 from tests.unit.helpers import pilot
 from tests.unit.test_service_act import idle_ad, make_world

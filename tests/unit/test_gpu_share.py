@@ -14,9 +14,9 @@ import classad2 as classad
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from provisioner.decide.packing import Item, gpu_share
+from provisioner.decide.plan import plan
 from provisioner.model import JobShape, PilotState, round_memory
-from provisioner.packing import Item, gpu_share
-from provisioner.plan import plan
 from tests.unit.helpers import NOW, config, pilot, snap
 from tests.unit.test_gpus import gpu_site
 

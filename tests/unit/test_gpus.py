@@ -13,13 +13,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from provisioner.condor import pilot_ads_of
 from provisioner.config import ConfigError, PilotShapeConfig, SiteConfig, parse_config
+from provisioner.decide.plan import plan
 from provisioner.model import Demand, JobShape, PilotState, Submit
 from provisioner.pilot.script import render_pilot_script
-from provisioner.plan import plan
-from provisioner.prototype import SiteMatcher
-from provisioner.service import merge_pilots
+from provisioner.pool.condor import pilot_ads_of
+from provisioner.pool.prototype import SiteMatcher
+from provisioner.service.loop import merge_pilots
 from provisioner.sites import make_backend
 from provisioner.sites.base import PilotRequest, SiteJob, SiteJobState
 from provisioner.sites.slurm_cli import SlurmCliBackend, parse_squeue

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from provisioner import cli, image
-from provisioner.image import (
+from provisioner import cli
+from provisioner.data import image
+from provisioner.data.image import (
     FAIL,
     LABEL_ENVIRONMENT,
     LOADER_MARKER,

@@ -9,9 +9,9 @@ import pytest
 
 from bench.sim.scenarios import default_config, default_sites
 from bench.sim.world import World
-from provisioner.cadence import Probe
 from provisioner.config import ConfigError, PolicyConfig, parse_config
-from provisioner.controller import Controller
+from provisioner.decide.cadence import Probe
+from provisioner.decide.controller import Controller
 from provisioner.model import Demand, JobShape, PilotState
 from tests.unit.test_service_act import idle_ad, make_world, running_job
 

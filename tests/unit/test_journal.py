@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.accounting import JobRun, PilotRecord
-from provisioner.journal import SCHEMA_VERSION, Journal, JournalError, SeenPilot
 from provisioner.pilot.endrecord import EndRecord
+from provisioner.service.accounting import JobRun, PilotRecord
+from provisioner.service.journal import SCHEMA_VERSION, Journal, JournalError, SeenPilot
 
 OLD_SCHEMA = """
 CREATE TABLE cycles (id INTEGER PRIMARY KEY, at REAL, reason TEXT, summary TEXT,

@@ -15,12 +15,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from provisioner.config import parse_config
-from provisioner.controller import Controller
-from provisioner.journal import Journal
-from provisioner.limits import SiteLimits
+from provisioner.decide.controller import Controller
+from provisioner.decide.limits import SiteLimits
+from provisioner.decide.plan import plan
 from provisioner.model import Demand, JobShape, PilotState, Submit
-from provisioner.plan import plan
-from provisioner.service import Provisioner
+from provisioner.service.journal import Journal
+from provisioner.service.loop import Provisioner
+from provisioner.service.status import gather, render
+from provisioner.service.submitter import submit_all
 from provisioner.sites.base import (
     AtLimit,
     BackendError,
@@ -32,8 +34,6 @@ from provisioner.sites.base import (
     Unreachable,
 )
 from provisioner.sites.slurm_cli import classify_sbatch, parse_squeue
-from provisioner.status import gather, render
-from provisioner.submitter import submit_all
 from tests.unit.fakes import Clock, FakePool
 
 from .helpers import NOW, config, pilot, site, snap

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.accounting import JobRun
 from provisioner.config import ConfigError, MetricsConfig, parse_config
-from provisioner.journal import Journal
-from provisioner.metrics import SERIES, Metrics, MetricsError, exposed_names
 from provisioner.model import Demand, JobShape
-from provisioner.service import Provisioner
+from provisioner.service.accounting import JobRun
+from provisioner.service.journal import Journal
+from provisioner.service.loop import Provisioner
+from provisioner.service.metrics import SERIES, Metrics, MetricsError, exposed_names
 from provisioner.sites.base import SiteJob, SiteJobState, Unreachable
 from tests.unit.fakes import Clock, FakeBackend, FakePool
 from tests.unit.test_service_act import CONFIG, idle_ad, make_world
@@ -77,7 +77,7 @@ def test_pilot_that_never_joined_counts_as_failed() -> None:
 def test_unmatchable_logged_once_and_again_when_it_returns(
         caplog: pytest.LogCaptureFixture) -> None:
     prov, pool, _b, clock = make()
-    caplog.set_level(logging.WARNING, "provisioner.ledger")
+    caplog.set_level(logging.WARNING, "provisioner.service.ledger")
     pool.demand = (Demand(JobShape(64, 1000), 2),)
     for _ in range(3):
         clock.t += 60

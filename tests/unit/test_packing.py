@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from provisioner.packing import INF, BinGroup, CapacityIndex, Item, NewPilots
+from provisioner.decide.packing import INF, BinGroup, CapacityIndex, Item, NewPilots
 
 
 def group(cpus: int, mem: int, count: int = 1, untils: list[float] | None = None) -> BinGroup:

@@ -8,9 +8,9 @@ import dataclasses
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from provisioner.decide.placement import _waste, shares, whole_pilots
+from provisioner.decide.plan import plan
 from provisioner.model import Cancel, JobShape, Pilot, PilotState, SiteEstimate, Snapshot, Submit
-from provisioner.placement import _waste, shares, whole_pilots
-from provisioner.plan import plan
 
 from .helpers import NOW, config, pilot, site, snap
 

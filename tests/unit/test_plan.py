@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from provisioner.decide.plan import carry_over, plan
 from provisioner.model import (
     Flag,
     JobShape,
@@ -13,7 +14,6 @@ from provisioner.model import (
     Submit,
     Unflag,
 )
-from provisioner.plan import carry_over, plan
 
 from .helpers import NOW, config, pilot, site, snap
 

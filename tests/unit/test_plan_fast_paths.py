@@ -20,15 +20,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import provisioner.matching as matching
-import provisioner.plan as plan_module
+import provisioner.decide.matching as matching
+import provisioner.decide.plan as plan_module
 from bench.sim.synthetic import synthetic_snapshot
 from provisioner.config import Config, SiteConfig
-from provisioner.matching import Row, fitting_sites, item_of, site_rejects
+from provisioner.decide.matching import Row, fitting_sites, item_of, site_rejects
+from provisioner.decide.packing import INF, BinGroup, CapacityIndex, GpuShare, Item, pilot_share
+from provisioner.decide.placement import ranked, shares, whole_pilots
+from provisioner.decide.plan import _TIERS, SiteRow, _per_pilot, _pilots_left, plan
 from provisioner.model import Pilot, PilotState, Plan, Snapshot
-from provisioner.packing import INF, BinGroup, CapacityIndex, GpuShare, Item, pilot_share
-from provisioner.placement import ranked, shares, whole_pilots
-from provisioner.plan import _TIERS, SiteRow, _per_pilot, _pilots_left, plan
 
 from .test_plan_properties import SETTINGS, scenarios, shapes
 

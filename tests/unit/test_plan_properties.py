@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from provisioner.config import Config, ReserveConfig
+from provisioner.decide.plan import plan, site_rejects
 from provisioner.model import (
     Cancel,
     Demand,
@@ -25,7 +26,6 @@ from provisioner.model import (
     Unflag,
     Unretire,
 )
-from provisioner.plan import plan, site_rejects
 
 from .helpers import NOW, config, site
 

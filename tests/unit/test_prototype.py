@@ -11,11 +11,17 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from provisioner.condor import queue_view
 from provisioner.config import PilotAdConfig, PilotRuntimeConfig, PoolConfig
+from provisioner.decide.plan import plan
 from provisioner.model import Demand, JobShape, PilotState
-from provisioner.plan import plan
-from provisioner.prototype import PILOT_START, SiteMatcher, conjuncts, prototype_ad, site_verdict
+from provisioner.pool.condor import queue_view
+from provisioner.pool.prototype import (
+    PILOT_START,
+    SiteMatcher,
+    conjuncts,
+    prototype_ad,
+    site_verdict,
+)
 from tests.unit.helpers import NOW, config, pilot, site, snap
 
 #: What condor_submit writes for a vanilla job with file transfer.

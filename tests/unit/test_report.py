@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from provisioner import cli
-from provisioner.accounting import DAY_S, JobRun, PilotRecord
 from provisioner.config import parse_config
-from provisioner.journal import Journal, SeenPilot
 from provisioner.model import Demand, JobShape, PilotState, SiteView, Snapshot
-from provisioner.report import (
+from provisioner.service.accounting import DAY_S, JobRun, PilotRecord
+from provisioner.service.journal import Journal, SeenPilot
+from provisioner.service.report import (
     NEVER_STARTED,
     NO_RECORD,
     NOTHING,
@@ -23,7 +23,7 @@ from provisioner.report import (
     parse_since,
     report,
 )
-from provisioner.status import gather, render
+from provisioner.service.status import gather, render
 from tests.unit.helpers import pilot
 from tests.unit.test_service_act import CONFIG
 
@@ -108,7 +108,7 @@ def test_status_gather_and_render() -> None:
 def test_status_command_text_and_json_without_creating_a_journal(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
-    import provisioner.service as service
+    import provisioner.service.loop as service
     from tests.unit.fakes import FakeBackend, FakePool
 
     real = service.Provisioner
@@ -130,8 +130,8 @@ def test_status_command_text_and_json_without_creating_a_journal(
 
 
 def test_the_cores_plot_samples_a_short_run_finely_and_a_long_one_coarsely() -> None:
-    from provisioner.accounting import PilotRecord
-    from provisioner.plots import plot_step
+    from provisioner.service.accounting import PilotRecord
+    from provisioner.service.plots import plot_step
 
     short = [PilotRecord("gsi", "1", 4, 0.0, 10.0, 60.0)]
     long = [PilotRecord("gsi", "1", 4, 0.0, 0.0, 2 * 86400.0)]

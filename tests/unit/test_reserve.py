@@ -9,10 +9,10 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from provisioner.cadence import CycleMark, Probe, cycle_due
 from provisioner.config import PolicyConfig, ReserveConfig
+from provisioner.decide.cadence import CycleMark, Probe, cycle_due
+from provisioner.decide.plan import plan, reserve_size
 from provisioner.model import Cancel, Flag, JobShape, PilotState, Release, Submit
-from provisioner.plan import plan, reserve_size
 
 from .helpers import NOW, config, pilot, site, snap
 
@@ -147,7 +147,7 @@ def test_reserve_size_bounded_and_growing_with_arrivals(
 
 
 def test_cycle_line_says_why_the_reserve_has_its_size() -> None:
-    from provisioner.service import CycleResult, Observation, summary_line
+    from provisioner.service.loop import CycleResult, Observation, summary_line
 
     cfg = config(site(max_pilots=100, max_pending=50, max_submit=50), reserve=RES)
     s = dataclasses.replace(snap(arrivals=[(ONE, 60)]), recent_departures=0)
@@ -163,7 +163,7 @@ def test_reserve_split_gives_rare_shapes_more_than_their_count() -> None:
     """Square-root split: 90 one-core and 10 eight-core arrivals share 19 slots 14 : 5
     (in proportion to the counts it would be 17 : 2, and the rare 8-core jobs would
     mostly find no slot)."""
-    from provisioner.reserve import reserve_rows
+    from provisioner.decide.reserve import reserve_rows
 
     cfg = config(reserve=RES)
     eight = JobShape(8, 16000)
@@ -205,7 +205,7 @@ def brute_loss(a: float, d: float, stock: int) -> float:
 def test_fill_rate_stock_is_the_smallest_that_serves(a: float, share: float, eps: float) -> None:
     """The stock leaves at most eps of the arrivals without a slot, one slot less would
     not (checked against direct summation)."""
-    from provisioner.reserve import fill_rate_stock
+    from provisioner.decide.reserve import fill_rate_stock
 
     d = a * share
     stock = fill_rate_stock(a, d, eps, 1000)

@@ -12,9 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from provisioner.config import ReserveConfig
-from provisioner.controller import Controller, QueueSize
+from provisioner.decide.controller import Controller, QueueSize
+from provisioner.decide.reserve import ShapeRates, reserve_rows
 from provisioner.model import JobShape, PilotState, Submit
-from provisioner.reserve import ShapeRates, reserve_rows
 
 from .helpers import NOW, config, pilot, site, snap
 

@@ -16,7 +16,7 @@ import pytest
 from bench.sim.scenarios import default_config, default_sites
 from bench.sim.traces import JobSpec
 from bench.sim.world import World
-from provisioner.controller import Controller
+from provisioner.decide.controller import Controller
 from provisioner.model import Action, JobShape, PilotState, Retire, Submit, Unretire
 from provisioner.pilot import wrapper
 from provisioner.pilot.params import params_from_env

@@ -1,4 +1,4 @@
-"""Retiring busy pilots (`provisioner.scaledown`, through `plan()`): a busy pilot nothing
+"""Retiring busy pilots (`provisioner.decide.scaledown`, through `plan()`): a busy pilot nothing
 needs leaves when its jobs end; the order is withdrawn as soon as demand could use it."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 from provisioner.config import ReserveConfig
+from provisioner.decide.plan import plan
 from provisioner.model import JobShape, PilotState, Snapshot, Submit, Unretire
-from provisioner.plan import plan
 
 from .helpers import NOW, config, pilot, site, snap
 

@@ -1,4 +1,4 @@
-"""Demand from every schedd (`provisioner.schedds`, `Pool`): the roster (the collector's
+"""Demand from every schedd (`provisioner.pool.schedds`, `Pool`): the roster (the collector's
 schedds, remembered once seen, or the configured ones), one query each merged into one
 view, and a schedd that cannot be read is unknown, not empty: readable demand is
 provisioned for, nothing is scaled down. Plain data and a hand-written fake of the
@@ -11,11 +11,8 @@ from typing import Any
 
 import pytest
 
-from provisioner.accounting import JobRun
-from provisioner.condor import Pool, PoolUnreachable
 from provisioner.config import PoolConfig, parse_config
-from provisioner.cycle_text import summary_line
-from provisioner.journal import Journal
+from provisioner.decide.plan import plan
 from provisioner.model import (
     Cancel,
     Demand,
@@ -27,9 +24,12 @@ from provisioner.model import (
     Retire,
     Submit,
 )
-from provisioner.plan import plan
-from provisioner.schedds import QueueView, merge_views, negotiation_targets, roster
-from provisioner.service import Provisioner
+from provisioner.pool.condor import Pool, PoolUnreachable
+from provisioner.pool.schedds import QueueView, merge_views, negotiation_targets, roster
+from provisioner.service.accounting import JobRun
+from provisioner.service.cycle_text import summary_line
+from provisioner.service.journal import Journal
+from provisioner.service.loop import Provisioner
 
 from .fakes import Clock, FakeBackend, FakePool
 from .helpers import NOW, config, pilot, snap

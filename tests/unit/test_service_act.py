@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from provisioner.condor import PilotAd
 from provisioner.config import parse_config
-from provisioner.controller import LINGER_S
-from provisioner.journal import Journal
+from provisioner.decide.controller import LINGER_S
 from provisioner.model import Demand, JobShape, PilotState, Plan, Release, Submit
-from provisioner.service import Provisioner, describe
+from provisioner.pool.condor import PilotAd
+from provisioner.service.journal import Journal
+from provisioner.service.loop import Provisioner, describe
 from provisioner.sites.base import SiteJob, SiteJobState, Transient, Unreachable
 from tests.unit.fakes import Clock, FakeBackend, FakePool
 
@@ -327,7 +327,7 @@ def test_flag_then_release_takes_one_quick_check_when_the_gap_equals_it(world) -
 
 
 def test_learnt_state_and_breakers_are_journalled_and_reloaded(world) -> None:  # type: ignore[no-untyped-def]
-    from provisioner.service import breakers_of
+    from provisioner.service.loop import breakers_of
 
     prov, _pool, backends, clock = world
     journal = prov.journal

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from provisioner.config import parse_config
-from provisioner.lock import AlreadyRunning, ServiceLock
-from provisioner.secrets import check_secret_files
+from provisioner.service.lock import AlreadyRunning, ServiceLock
+from provisioner.service.secrets import check_secret_files
 
 SITE = """
   - name: gsi
@@ -67,7 +67,7 @@ def test_lock_of_a_killed_holder_never_blocks(tmp_path: Path) -> None:
     path = tmp_path / "t.lock"
     holder = subprocess.Popen([sys.executable, "-c", (
         "import sys, time; sys.path.insert(0, sys.argv[2])\n"
-        "from provisioner.lock import ServiceLock\n"
+        "from provisioner.service.lock import ServiceLock\n"
         "ServiceLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(60)"),
         str(path), str(Path(__file__).resolve().parents[2])], stdout=subprocess.PIPE, text=True)
     assert holder.stdout is not None and holder.stdout.readline().strip() == "held"

@@ -7,8 +7,8 @@ import pytest
 from bench.sim import TRACES, run_scenario
 from bench.sim.results import RunResult
 from bench.sim.traces import HOUR
-from provisioner.cadence import CycleMark, Probe, cycle_due
 from provisioner.config import PolicyConfig
+from provisioner.decide.cadence import CycleMark, Probe, cycle_due
 
 SHORT = 6 * HOUR
 
@@ -86,7 +86,7 @@ def test_a_pilot_idle_again_after_jobs_is_seen_at_the_next_check() -> None:
 
 
 def test_the_controller_remembers_the_last_probe() -> None:
-    from provisioner.controller import Controller
+    from provisioner.decide.controller import Controller
 
     from .helpers import config
     c = Controller(config())

@@ -10,7 +10,7 @@ from bench.sim.ledger import job_runs, pilot_records
 from bench.sim.policies import PlanPolicy
 from bench.sim.traces import HOUR
 from bench.sim.world import World
-from provisioner.accounting import site_days, totals
+from provisioner.service.accounting import site_days, totals
 
 
 def test_report_of_a_simulated_run_matches_the_simulator() -> None:

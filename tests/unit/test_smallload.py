@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from bench import small_workload as small
-from provisioner.accounting import JobRun, PilotRecord
 from provisioner.config import Config, PolicyConfig
+from provisioner.service.accounting import JobRun, PilotRecord
 
 TESTBED = Path(__file__).resolve().parents[2] / "deploy/testbed/provisioner.yaml"
 

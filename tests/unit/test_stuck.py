@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from provisioner.controller import Controller
+from provisioner.decide.controller import Controller
 from provisioner.model import Demand, JobShape, PilotState, Release, Snapshot
 from tests.unit.helpers import NOW, config, pilot, site, snap
 

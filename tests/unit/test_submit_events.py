@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.cadence import CycleMark, gap_holds
 from provisioner.config import ConfigError, PolicyConfig, PoolConfig, parse_config
+from provisioner.decide.cadence import CycleMark, gap_holds
 from provisioner.model import Demand, JobShape
-from provisioner.submit_events import (
+from provisioner.pool.submit_events import (
     Coalescer,
     EventLogFollower,
     FileId,
@@ -31,7 +31,7 @@ from provisioner.submit_events import (
 from tests.unit.test_service_act import make_world
 
 DEADLINE_S = 20.0  # how long a test waits for what must happen (a bound, not a timing)
-LOGGER = "provisioner.submit_events"
+LOGGER = "provisioner.pool.submit_events"
 
 
 def event(cluster: int, code: str = "000", text: str = "Job submitted from host: "
@@ -414,7 +414,7 @@ def test_a_submit_runs_the_schedulers_tick_job_long_before_its_timer(tmp_path: P
     timer is an hour away; a submit in the event log runs it."""
     from apscheduler.schedulers.background import BackgroundScheduler
 
-    from provisioner.service import TICK_JOB, follow_submits
+    from provisioner.service.loop import TICK_JOB, follow_submits
 
     log = tmp_path / "EventLog"
     log.write_text(HEADER)

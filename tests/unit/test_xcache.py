@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from provisioner.data.xcache import cache_url, excluded_domains, host_of, proxy_environment
 from provisioner.pilot import params, workfiles, wrapper
-from provisioner.xcache import cache_url, excluded_domains, host_of, proxy_environment
 
 CACHE = "root://fra-cache:1094"
 hosts = st.from_regex(r"[a-z][a-z0-9-]{0,10}(\.[a-z]{2,5}){0,2}", fullmatch=True)

@@ -10,7 +10,7 @@ import threading
 import time
 from pathlib import Path
 
-from provisioner.campaign.spec import CampaignError, load_campaign
+from provisioner.data.campaign.spec import CampaignError, load_campaign
 
 RUN_HELP = """\
 Run a benchmark campaign: for every scenario and client count, submit one HTCondor
@@ -50,7 +50,7 @@ def main(argv: list[str]) -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.action == "report":
-        from provisioner.campaign.report import render
+        from provisioner.data.campaign.report import render
 
         out = Path(args.dir)
         if not out.is_dir():
@@ -66,7 +66,7 @@ def main(argv: list[str]) -> int:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         return _fail(f"--out {out}: exists and is not an empty directory (results of "
                      "different runs are not mixed)")
-    from provisioner.campaign.runner import Runner
+    from provisioner.data.campaign.runner import Runner
 
     def echo(line: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)

@@ -30,8 +30,8 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from provisioner.benchread import WARNING
-from provisioner.campaign.aggregate import (
+from provisioner.data.benchread import WARNING
+from provisioner.data.campaign.aggregate import (
     GBIT,
     StepSummary,
     aggregate,
@@ -42,7 +42,7 @@ from provisioner.campaign.aggregate import (
     step_span,
     summarize,
 )
-from provisioner.campaign.spec import Campaign, CampaignError, parse_campaign
+from provisioner.data.campaign.spec import Campaign, CampaignError, parse_campaign
 
 log = logging.getLogger(__name__)
 

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from provisioner.campaign import report
-from provisioner.campaign.aggregate import parse_client_csv
-from provisioner.campaign.spec import Campaign, classad_literal, resolve_jobfile, substitute
+from provisioner.data.campaign import report
+from provisioner.data.campaign.aggregate import parse_client_csv
+from provisioner.data.campaign.spec import Campaign, classad_literal, resolve_jobfile, substitute
 
 PROGRESS_S = 5.0
 POLL_S = 2.0

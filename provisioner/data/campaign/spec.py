@@ -47,7 +47,7 @@ from pydantic import (
     model_validator,
 )
 
-from provisioner.benchread import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, parse_size
+from provisioner.data.benchread import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, parse_size
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 SITE_PATTERN = r"^[a-z][a-z0-9_-]*$"
@@ -55,7 +55,7 @@ ATTRIBUTE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: Attributes the runner sets itself; a scenario cannot override them.
 RESERVED_ATTRIBUTES = frozenset({"requirements", "desiredsites", "campaignname", "campaignstep"})
 #: Where a relative fio job file is looked up after the campaign file's directory.
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 class CampaignError(Exception):
