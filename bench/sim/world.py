@@ -36,6 +36,7 @@ from bench.sim.entities import Policy, SimJob, SimPilot, SiteModel
 from bench.sim.results import RunResult, Sample, summarize
 from bench.sim.traces import HOUR, JobSpec
 from provisioner.config import Config
+from provisioner.errors import BackendError
 from provisioner.model import (
     Action,
     Cancel,
@@ -51,7 +52,6 @@ from provisioner.model import (
     Unretire,
     round_memory,
 )
-from provisioner.sites.base import BackendError
 from provisioner.sites.slurm_cli import classify_sbatch
 
 

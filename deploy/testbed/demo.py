@@ -24,10 +24,10 @@ from pathlib import Path
 import htcondor2 as htcondor
 
 from provisioner.config import load_config
+from provisioner.errors import BackendError
 from provisioner.pool.condor import PoolUnreachable
 from provisioner.service.loop import Provisioner, summary_line
 from provisioner.service.report import report
-from provisioner.sites.base import BackendError
 
 CONFIG = "/src/deploy/testbed/provisioner.yaml"
 WORK = Path("/home/alice/demo")

@@ -50,6 +50,7 @@ from provisioner.decide.plan import carry_over, plan
 from provisioner.decide.reserve import NoClaimWatch, ShapeRates
 from provisioner.decide.scaledown import drained_empty
 from provisioner.decide.stuck import StuckGroups
+from provisioner.errors import BackendError
 from provisioner.model import (
     Action,
     Cancel,
@@ -61,7 +62,6 @@ from provisioner.model import (
     Submit,
     Unretire,
 )
-from provisioner.sites.base import BackendError
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from provisioner.decide.backoff import SiteBackoff
-from provisioner.sites.base import AtLimit, BackendError, Misconfigured
+from provisioner.errors import AtLimit, BackendError, Misconfigured
 
 SUBMISSION = "submission limit"
 JOBS = "job limit"

@@ -21,12 +21,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from provisioner.config import Config, SiteConfig, SshExecutorConfig
+from provisioner.errors import BackendError
 from provisioner.onboard.discover import slurm_env
 from provisioner.onboard.table import Check, failed, passed, skipped
 from provisioner.pilot.script import TemplateError, render_pilot_script
 from provisioner.service.secrets import check_secret_files
 from provisioner.sites import make_executor
-from provisioner.sites.base import BackendError, PilotRequest
+from provisioner.sites.base import PilotRequest
 from provisioner.sites.executor import Executor, SshExecutor
 from provisioner.sites.slurm_cli import SlurmCliBackend
 

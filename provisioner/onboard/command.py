@@ -14,11 +14,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from provisioner.config import Config, PoolConfig, SiteConfig, SshExecutorConfig
+from provisioner.errors import BackendError
 from provisioner.onboard import check, fit
 from provisioner.onboard.discover import Access, LiveError, discover, read_live
 from provisioner.onboard.probe import Limits, Probe
 from provisioner.onboard.table import Check, as_json, failed, render, site_ok, skipped
-from provisioner.sites.base import BackendError
 from provisioner.sites.executor import Executor
 from provisioner.sites.slurm_cli import SlurmCliBackend
 

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from provisioner.config import SITE_NAME_PATTERN
+from provisioner.errors import BackendError
 from provisioner.onboard.slurminfo import (
     Node,
     Partition,
@@ -25,7 +26,6 @@ from provisioner.onboard.slurminfo import (
     parse_partitions,
     pick_partition,
 )
-from provisioner.sites.base import BackendError
 from provisioner.sites.executor import Executor
 
 #: Pilots ask for this share of a node's RealMemory (the node's own daemons and the

@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from provisioner.config import Config, SiteConfig
+from provisioner.errors import BackendError
 from provisioner.onboard.nodecheck import PREFIX
 from provisioner.onboard.table import Check, failed, passed, skipped
 from provisioner.pilot.script import render_pilot_script
-from provisioner.sites.base import BackendError, PilotRequest
+from provisioner.sites.base import PilotRequest
 from provisioner.sites.slurm_cli import SlurmCliBackend
 
 P = "probe"

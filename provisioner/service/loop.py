@@ -20,6 +20,7 @@ from provisioner.config import Config
 from provisioner.decide.backoff import SiteBackoff
 from provisioner.decide.cadence import Probe, gap_holds
 from provisioner.decide.controller import Controller, PoolView, QueueSize
+from provisioner.errors import BackendError
 from provisioner.model import (
     Cancel,
     Demand,
@@ -55,12 +56,7 @@ from provisioner.service.ledger import Ledger
 from provisioner.service.metrics import Metrics, MetricsError, circuit_codes, limit_codes
 from provisioner.service.submitter import refusal_kind, submit_all
 from provisioner.sites import make_backend
-from provisioner.sites.base import (
-    BackendError,
-    PilotRequest,
-    SiteBackend,
-    SiteJob,
-)
+from provisioner.sites.base import PilotRequest, SiteBackend, SiteJob
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from provisioner.decide.controller import Controller
+from provisioner.errors import AtLimit, BackendError, Misconfigured, Transient, Unreachable
 from provisioner.model import Submit
-from provisioner.sites.base import AtLimit, BackendError, Misconfigured, Transient, Unreachable
 
 log = logging.getLogger(__name__)
 

@@ -3,8 +3,9 @@
 A backend submits pilot jobs, lists them, cancels them and reads the end records
 they leave behind, at one site. It
 translates the batch system's states and errors at its boundary: states into
-`SiteJobState`, errors into the four `BackendError` kinds below; the service
-reacts only to those.
+`SiteJobState`, errors into the four `BackendError` kinds; the service
+reacts only to those (the kinds live in `provisioner.errors`, where the decisions
+that learn from a refusal read them too).
 """
 
 from __future__ import annotations
@@ -19,47 +20,6 @@ from provisioner.pilot.endrecord import EndRecord
 #: At most this many end records are read per site and call (the caller passes the
 #: rest next time).
 MAX_END_RECORDS = 50
-
-
-class BackendError(Exception):
-    """A backend call failed; subclasses say how the caller should react."""
-
-
-class Transient(BackendError):
-    """Try again next cycle (busy controller, timeout); nothing changed."""
-
-
-class Unreachable(BackendError):
-    """The site cannot be read or reached; its state is unknown, never empty."""
-
-
-class Rejected(BackendError):
-    """The site refused the request (bad partition, limit); retrying will not help."""
-
-
-class AtLimit(Rejected):
-    """The site refused because the account holds as many jobs as a limit allows (a
-    QOS or association submit limit): no sbatch there until one of its pilots leaves.
-    `reason` is SLURM's name of the limit (QOSMaxSubmitJobPerUserLimit, ...)."""
-
-    def __init__(self, message: str, reason: str = "") -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-class Misconfigured(Rejected):
-    """The site refused the pilot's configuration (account, partition, QOS, time limit):
-    every further sbatch would be refused too. `field` names the configuration field
-    (sites[].account, ...), `slurm_message` is SLURM's own words."""
-
-    def __init__(self, message: str, field: str = "", slurm_message: str = "") -> None:
-        super().__init__(message)
-        self.field = field
-        self.slurm_message = slurm_message
-
-
-class Gone(BackendError):
-    """The job no longer exists at the site."""
 
 
 class SiteJobState(str, enum.Enum):

@@ -18,20 +18,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from provisioner.pilot import endrecord
-from provisioner.pilot.endrecord import BadEndRecord, EndRecord
-from provisioner.sites.base import (
-    MAX_END_RECORDS,
+from provisioner.errors import (
     AtLimit,
     BackendError,
     Misconfigured,
-    PilotRequest,
     Rejected,
-    SiteJob,
-    SiteJobState,
     Transient,
     Unreachable,
 )
+from provisioner.pilot import endrecord
+from provisioner.pilot.endrecord import BadEndRecord, EndRecord
+from provisioner.sites.base import MAX_END_RECORDS, PilotRequest, SiteJob, SiteJobState
 from provisioner.sites.executor import CommandResult, Executor
 
 log = logging.getLogger(__name__)

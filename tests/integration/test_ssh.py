@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.sites.base import Unreachable
+from provisioner.errors import Unreachable
 from provisioner.sites.executor import SshExecutor
 
 KEY = "/etc/provisioner/ssh/id_ed25519"

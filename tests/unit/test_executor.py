@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from provisioner.config import BACKEND_SETTINGS, KNOWN_BACKENDS
+from provisioner.errors import Transient, Unreachable
 from provisioner.sites import BACKENDS
-from provisioner.sites.base import Transient, Unreachable
 from provisioner.sites.executor import LocalExecutor, SshExecutor, remote_command
 
 HOSTILE = ["; rm -rf /", "$(touch /tmp/pwned)", "`id`", "a b", "'quoted'", '"dq"', "x\ny",

@@ -8,13 +8,14 @@ import logging
 
 import pytest
 
+from provisioner.errors import Unreachable
 from provisioner.model import Demand, JobShape
 from provisioner.pilot.endrecord import EndRecord
 from provisioner.service.accounting import site_days
 from provisioner.service.journal import Journal
 from provisioner.service.ledger import RECORD_TRIES, RECORD_WAIT_S, Ledger
 from provisioner.service.metrics import Metrics
-from provisioner.sites.base import MAX_END_RECORDS, SiteJob, SiteJobState, Unreachable
+from provisioner.sites.base import MAX_END_RECORDS, SiteJob, SiteJobState
 from tests.unit.fakes import FakeBackend, FakePool
 from tests.unit.test_service_act import make_world
 

@@ -18,21 +18,20 @@ from provisioner.config import parse_config
 from provisioner.decide.controller import Controller
 from provisioner.decide.limits import SiteLimits
 from provisioner.decide.plan import plan
+from provisioner.errors import (
+    AtLimit,
+    BackendError,
+    Misconfigured,
+    Rejected,
+    Transient,
+    Unreachable,
+)
 from provisioner.model import Demand, JobShape, PilotState, Submit
 from provisioner.service.journal import Journal
 from provisioner.service.loop import Provisioner
 from provisioner.service.status import gather, render
 from provisioner.service.submitter import submit_all
-from provisioner.sites.base import (
-    AtLimit,
-    BackendError,
-    Misconfigured,
-    Rejected,
-    SiteJob,
-    SiteJobState,
-    Transient,
-    Unreachable,
-)
+from provisioner.sites.base import SiteJob, SiteJobState
 from provisioner.sites.slurm_cli import classify_sbatch, parse_squeue
 from tests.unit.fakes import Clock, FakePool
 

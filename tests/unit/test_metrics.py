@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 
 from provisioner.config import ConfigError, MetricsConfig, parse_config
+from provisioner.errors import Unreachable
 from provisioner.model import Demand, JobShape
 from provisioner.service.accounting import JobRun
 from provisioner.service.journal import Journal
 from provisioner.service.loop import Provisioner
 from provisioner.service.metrics import SERIES, Metrics, MetricsError, exposed_names
-from provisioner.sites.base import SiteJob, SiteJobState, Unreachable
+from provisioner.sites.base import SiteJob, SiteJobState
 from tests.unit.fakes import Clock, FakeBackend, FakePool
 from tests.unit.test_service_act import CONFIG, idle_ad, make_world
 

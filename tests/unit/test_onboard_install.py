@@ -15,10 +15,10 @@ import pytest
 
 from provisioner.cli import main
 from provisioner.config import parse_config
+from provisioner.errors import Unreachable
 from provisioner.onboard import check
 from provisioner.onboard.data import DATA_DIRS, data_dir
 from provisioner.onboard.init import init
-from provisioner.sites.base import Unreachable
 from provisioner.sites.executor import CommandResult
 
 REPO = Path(__file__).resolve().parents[2]

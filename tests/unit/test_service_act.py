@@ -9,11 +9,12 @@ import pytest
 
 from provisioner.config import parse_config
 from provisioner.decide.controller import LINGER_S
+from provisioner.errors import Transient, Unreachable
 from provisioner.model import Demand, JobShape, PilotState, Plan, Release, Submit
 from provisioner.pool.condor import PilotAd
 from provisioner.service.journal import Journal
 from provisioner.service.loop import Provisioner, describe
-from provisioner.sites.base import SiteJob, SiteJobState, Transient, Unreachable
+from provisioner.sites.base import SiteJob, SiteJobState
 from tests.unit.fakes import Clock, FakeBackend, FakePool
 
 CONFIG = """

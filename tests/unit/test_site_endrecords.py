@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 
 from provisioner.config import parse_config
+from provisioner.errors import Rejected, Unreachable
 from provisioner.pilot import endrecord
 from provisioner.pilot.endrecord import EndRecord
 from provisioner.sites import make_backend
-from provisioner.sites.base import MAX_END_RECORDS, Rejected, Unreachable
+from provisioner.sites.base import MAX_END_RECORDS
 from provisioner.sites.executor import CommandResult, LocalExecutor
 from provisioner.sites.slurm_cli import (
     RECORD_KEEP_S,
