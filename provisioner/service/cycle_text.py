@@ -4,13 +4,11 @@ the journal, and the circuit breakers as `provisioner status` shows them."""
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from provisioner.model import PilotState, Submit
+from provisioner.service.cycle import CycleResult
 from provisioner.service.journal import Journal
-
-if TYPE_CHECKING:
-    from provisioner.service.loop import CycleResult
 
 
 def describe(action: Any) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -50,6 +49,7 @@ from provisioner.pool.pilot_view import (
 )
 from provisioner.pool.prototype import SiteMatcher
 from provisioner.pool.submit_events import EventLogFollower, Wakeup, resolve_path
+from provisioner.service.cycle import CycleResult, Observation
 from provisioner.service.cycle_text import action_target, breakers_of, describe, summary_line
 from provisioner.service.journal import Journal
 from provisioner.service.ledger import Ledger
@@ -63,26 +63,6 @@ log = logging.getLogger(__name__)
 __all__ = ["CycleResult", "Observation", "Provisioner", "action_target", "ad_busy",
            "breakers_of", "describe", "idle_ad_keys", "merge_pilots", "pilot_state",
            "run_forever", "runs_jobs", "summary_line"]
-
-@dataclass
-class Observation:
-    snapshot: Snapshot
-    ads: dict[str, PilotAd]
-    jobs: dict[str, list[SiteJob]]
-    running_on: frozenset[str] = frozenset()
-    queue: QueueSize | None = None  # None: the schedd could not be read
-
-
-@dataclass
-class CycleResult:
-    reason: str
-    observation: Observation
-    plan: Plan
-    outcomes: list[tuple[str, str]] = field(default_factory=list)  # (action text, outcome)
-    timings: dict[str, float] = field(default_factory=dict)
-
-
-
 
 class Provisioner:
     """Holds the backends, the pool reader and the hysteresis state between cycles."""
