@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
 
 from bench.sim.traces import JobSpec
 from provisioner.config import SiteConfig
 from provisioner.decide.packing import fits_cpu_only, gpu_share
-from provisioner.model import Action, JobShape, round_memory
-
-if TYPE_CHECKING:
-    from bench.sim.world import World
+from provisioner.model import JobShape, round_memory
 
 
 @dataclass(frozen=True)
@@ -36,19 +32,6 @@ class SiteModel:
     @property
     def name(self) -> str:
         return self.config.name
-
-
-class Policy(Protocol):
-    """Decides pilots. `tick` is called every `tick_s` seconds of virtual time."""
-
-    name: str
-
-    @property
-    def tick_s(self) -> float:
-        """Seconds to the next tick (read again after every tick)."""
-        ...
-
-    def tick(self, world: World, now: float) -> list[Action]: ...
 
 
 @dataclass(eq=False)

@@ -1,15 +1,14 @@
-"""What one simulated run measured (`RunResult`), and how it is read off a World."""
+"""What one simulated run measured (`RunResult`), and how it is read off a World (through
+`Books`, what `summarize` reads of it)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from bench.sim.entities import SimJob, SimPilot
 from bench.sim.traces import HOUR
-
-if TYPE_CHECKING:
-    from bench.sim.world import World
 
 
 @dataclass
@@ -65,6 +64,25 @@ class RunResult:
         return self.claimed_gpu_h / self.allocated_gpu_h if self.allocated_gpu_h else None
 
 
+class Books(Protocol):
+    """What `summarize` reads of a run (a `bench.sim.world.World`)."""
+
+    now: float
+    jobs: list[SimJob]
+    unmatchable: list[SimJob]
+    queue: list[SimJob]
+    pilots: dict[int, SimPilot]
+    all_pilots: list[SimPilot]
+    allocated_core_s: float
+    claimed_core_s: float
+    allocated_gpu_s: float
+    claimed_gpu_s: float
+    killed_core_s: float
+    timeline: list[Sample]
+    sbatch_calls: int
+    sbatch_refused: int
+
+
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return 0.0
@@ -73,7 +91,7 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[idx]
 
 
-def summarize(world: World, policy: str, trace: str) -> RunResult:
+def summarize(world: Books, policy: str, trace: str) -> RunResult:
     """The run's outputs, books closed at `world.now`: what still runs is charged up to
     then."""
     now = world.now

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from bench.sim.entities import Policy, SiteModel
+from bench.sim.entities import SiteModel
 from bench.sim.policies import CobaldPolicy, PlanPolicy, PrototypePolicy
 from bench.sim.results import RunResult
 from bench.sim.traces import TRACES
-from bench.sim.world import World
+from bench.sim.world import Policy, World
 from provisioner import config as cf
 
 POLICIES = ("prototype", "cobald", "ours")

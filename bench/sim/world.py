@@ -31,8 +31,9 @@ import random
 from bisect import bisect_left, insort
 from collections import Counter
 from collections.abc import Iterable
+from typing import Protocol
 
-from bench.sim.entities import Policy, SimJob, SimPilot, SiteModel
+from bench.sim.entities import SimJob, SimPilot, SiteModel
 from bench.sim.results import RunResult, Sample, summarize
 from bench.sim.traces import HOUR, JobSpec
 from provisioner.config import Config
@@ -53,6 +54,19 @@ from provisioner.model import (
     round_memory,
 )
 from provisioner.sites.slurm_cli import classify_sbatch
+
+
+class Policy(Protocol):
+    """Decides pilots. `tick` is called every `tick_s` seconds of virtual time."""
+
+    name: str
+
+    @property
+    def tick_s(self) -> float:
+        """Seconds to the next tick (read again after every tick)."""
+        ...
+
+    def tick(self, world: World, now: float) -> list[Action]: ...
 
 
 class World:
