@@ -54,9 +54,12 @@ bench-scale: testbed
 # The small workload of issue 10 on the production policy defaults, RUNS times (about
 # 15-25 min each): 8 one-minute jobs, 4 more six minutes later, from zero pilots;
 # efficiency and job waits per run in bench/results/testbed-small.md.
+# WORKLOAD=testbed-first: 4 one-minute jobs from zero pilots (the first jobs' wait).
 RUNS ?= 3
+WORKLOAD ?= testbed-small
 bench-small: testbed
-	$(TESTBED) exec -- python /src/deploy/testbed/smallload.py --runs $(RUNS)
+	$(TESTBED) exec -- python /src/deploy/testbed/smallload.py --runs $(RUNS) \
+		--workload $(WORKLOAD)
 
 testbed:
 	$(TESTBED) up

@@ -19,12 +19,15 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import htcondor2 as htcondor
 
 from provisioner.config import load_config
 from provisioner.errors import BackendError
+from provisioner.pilot import boot
 from provisioner.pool.condor import PoolUnreachable
 from provisioner.service.loop import Provisioner, summary_line
 from provisioner.service.report import report
@@ -83,22 +86,39 @@ def pilot_jobs() -> dict[str, list[str]]:
             for site, (login, conf) in SITES.items()}
 
 
-def step(prov: Provisioner, t_submit: float, first_ad: float | None,
-         first_submit: float | None, pilot_start: float | None
-         ) -> tuple[bool, float | None, float | None, float | None]:
+@dataclass
+class First:
+    """The first pilot: SLURM's submit and start times, its startd ad (boot marks)
+    when first seen in the collector."""
+
+    submitted: float | None = None
+    started: float | None = None
+    ad: dict[str, Any] | None = None
+
+
+def first_ad() -> dict[str, Any] | None:
+    """The first pilot startd ad in the collector (the earliest to start), if any."""
+    ads = htcondor.Collector().query(htcondor.AdType.Startd,
+                                     constraint="PilotBootMasterStart =!= undefined",
+                                     projection=[*boot.MARKS, "DaemonStartTime",
+                                                 "LastHeardFrom", "PilotSlurmJobId"])
+    return dict(min(ads, key=lambda a: a.get("DaemonStartTime", 0))) if ads else None
+
+
+def step(prov: Provisioner, t_submit: float, first: First) -> bool:
     """One second of the demo: a quick check (maybe a cycle), progress, the end test."""
     cycle = prov.tick()
     if cycle is not None:
         line = summary_line(cycle).rsplit("; observe", 1)[0]
         print(f"  [{time.time() - t_submit:5.0f} s] {cycle.reason}: {line}", flush=True)
     jobs = htcondor.Schedd().query(projection=["JobStatus"])
-    if first_ad is None and prov.pool.pilot_ads():
-        started = [j for b in prov.backends.values() for j in b.list_pilots() if j.started_at]
+    if first.ad is None:
+        first.ad = first_ad()
+        started = [j for b in prov.backends.values() for j in b.list_pilots()
+                   if first.ad and j.job_id == first.ad.get("PilotSlurmJobId")]
         if started:
-            first = min(started, key=lambda j: j.started_at or 0.0)
-            first_ad, first_submit, pilot_start = time.time(), first.submitted_at, first.started_at
-    finished = not jobs and not any(pilot_jobs().values())
-    return finished, first_ad, first_submit, pilot_start
+            first.submitted, first.started = started[0].submitted_at, started[0].started_at
+    return not jobs and not any(pilot_jobs().values())
 
 
 def main() -> int:
@@ -133,14 +153,12 @@ def main() -> int:
 
     print(f"== the provisioner runs (interval {config.policy.interval_s:.0f} s, quick check "
           f"{config.policy.quick_check_s:.0f} s); one line per cycle")
-    first_submit = first_ad = None  # SLURM's submit time of the first pilot, first ad seen
-    pilot_start: float | None = None
+    first = First()
     done = False
     deadline = time.time() + TIMEOUT_S
     while time.time() < deadline:
         try:
-            finished, first_ad, first_submit, pilot_start = step(
-                prov, t_submit, first_ad, first_submit, pilot_start)
+            finished = step(prov, t_submit, first)
         except (PoolUnreachable, BackendError) as exc:  # a hiccup: the next step retries
             print(f"  (transient: {exc})")
             finished = False
@@ -161,19 +179,18 @@ def main() -> int:
     print(f"== all {njobs} jobs done and every pilot gone after {total:.0f} s")
     print(f"   outputs with the right checksum: {good}/{njobs}; job log: "
           f"{codes['005']} terminated, {codes['004']} evicted, {codes['009']} aborted")
-    if first_submit and first_ad and pilot_start and starts:
+    if first.ad and starts:
         first_run = time.mktime(time.strptime(starts[0].split(")", 1)[1].strip()[:19],
                                               "%Y-%m-%d %H:%M:%S"))
-        print("   first job, from condor_submit to running on a fresh pilot "
-              "(SLURM times have 1 s resolution):")
-        reaction = max(0.0, first_submit - t_submit)
-        dispatch = max(0.0, pilot_start - first_submit)
-        print(f"     provisioner reaction {reaction:5.1f} s  (submit -> sbatch)")
-        print(f"     SLURM dispatch       {dispatch:5.1f} s  (sbatch -> start)")
-        print(f"     pilot boot           {first_ad - pilot_start:5.1f} s  "
-              "(start delay, container, daemons, CCB registration)")
-        print(f"     negotiation          {max(0.0, first_run - first_ad):5.1f} s  "
-              "(ad in collector -> job executing)")
+        print(f"   first job: running {first_run - t_submit:.0f} s after condor_submit; "
+              "the steps (SLURM and the job log have 1 s resolution):")
+        known = [("provisioner reaction (submit -> sbatch)",
+                  None if first.submitted is None else max(0.0, first.submitted - t_submit)),
+                 ("SLURM dispatch (sbatch -> start)",
+                  None if first.submitted is None or first.started is None else
+                  max(0.0, first.started - first.submitted))]
+        print(boot.table(known + boot.steps(first.ad, first.ad.get("LastHeardFrom"),
+                                            first_run)))
     # One more cycle records the pilots' ends (they just left squeue).
     prov.run_cycle("demo end")
     text, written = report(str(journal), time.time(), out=WORK / "report")

@@ -9,8 +9,11 @@ either site's `squeue` (at most --timeout s after the second batch, else it fail
 saying what is left). The service stops; a pilot it did not see end ends when its
 end record says. Figures (bench/small_workload.py) go to
 bench/results/testbed-small.md, the first completed run's cores to testbed-small.png.
+`--workload testbed-first`: 4 one-minute jobs from zero pilots, nothing more (issue 26's
+first jobs), to bench/results/testbed-first.md.
 
     python /src/deploy/testbed/smallload.py [--runs 3] [--seed 1] [--timeout 1200]
+                                            [--workload testbed-small|testbed-first]
 
 Exit status 1 if a run did not complete; a missed target is reported, not a failure.
 """
@@ -52,8 +55,6 @@ SITES = {"gsi": ("gsi-login", "/etc/slurm-gsi/slurm.conf"),
 PATH = "/opt/venv/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 WORK = Path("/home/alice/smallload")
 END_RECORDS = Path("/var/log/pilots/end")  # the sites' runtime.log_dir + /end
-BATCHES = (8, 4)
-GAP_S = 360
 PROGRESS_S = 15
 SUBMIT = """executable = /bin/sleep
 transfer_executable = false
@@ -187,7 +188,8 @@ Records = tuple[list[PilotRecord], list[JobRun], float]
 
 
 def workload(offset: float, timeout: float, provisioner_id: str,
-             data: dict[str, Any]) -> tuple[Path, Path, list[int]]:
+             data: dict[str, Any], batches: tuple[int, ...] = small.SMALL.batches,
+             gap_s: float = small.SMALL.gap_s) -> tuple[Path, Path, list[int]]:
     """A clean pool, the service, the two batches; returns once all jobs are done and
     no pilot is left (the service stopped), or raises RunFailed (the pool cleaned)."""
     proc = None
@@ -202,12 +204,13 @@ def workload(offset: float, timeout: float, provisioner_id: str,
         print(f"   service started (log {log}); submit {offset:.1f} s after its first cycle")
         until("the service's first cycle", lambda: "(first cycle)" in log.read_text(), 60)
         time.sleep(offset)
-        t0, clusters = time.time(), [submit(BATCHES[0])]
-        print(f"   alice submitted {BATCHES[0]} jobs (cluster {clusters[0]})", flush=True)
-        watch(t0, t0 + GAP_S, clusters, BATCHES[0], log, proc, end=False)
-        clusters.append(submit(BATCHES[1]))
-        print(f"   alice submitted {BATCHES[1]} jobs (cluster {clusters[1]})", flush=True)
-        watch(t0, time.time() + timeout, clusters, sum(BATCHES), log, proc, end=True)
+        t0, clusters = time.time(), []
+        for i, count in enumerate(batches):
+            if i:
+                watch(t0, t0 + i * gap_s, clusters, sum(batches[:i]), log, proc, end=False)
+            clusters.append(submit(count))
+            print(f"   alice submitted {count} jobs (cluster {clusters[-1]})", flush=True)
+        watch(t0, time.time() + timeout, clusters, sum(batches), log, proc, end=True)
         stop(proc)
         if any(squeue().values()):  # sbatch'd between the last look and the stop
             print("   a pilot came after the end; stopping it (its time counts)")
@@ -229,7 +232,8 @@ def one_run(n: int, args: argparse.Namespace, data: dict[str, Any], config: Conf
     print(f"== run {n}: clean pool", flush=True)
     try:
         directory, _cfg, clusters = workload(offset, args.timeout,
-                                            config.pool.provisioner_id, data)
+                                            config.pool.provisioner_id, data,
+                                            args.workload.batches, args.workload.gap_s)
     except RunFailed as exc:
         print(f"   run {n} FAILED: {exc}", flush=True)
         return small.RunResult(run=n, offset_s=offset, error=str(exc)), None
@@ -242,8 +246,8 @@ def one_run(n: int, args: argparse.Namespace, data: dict[str, Any], config: Conf
     runs = [r for r in map(job_run_of, ads) if r is not None]
     completed = sum(1 for ad in ads if int(ad.get("JobStatus", 0)) == 4)
     now = time.time()
-    if completed != sum(BATCHES):
-        error = f"{completed}/{sum(BATCHES)} jobs completed"
+    if completed != sum(args.workload.batches):
+        error = f"{completed}/{sum(args.workload.batches)} jobs completed"
         print(f"   run {n} FAILED: {error}", flush=True)
         return small.RunResult(run=n, offset_s=offset, error=error), None
     result = small.measure(n, offset, pilots, runs, small.job_waits(ads), now)
@@ -260,7 +264,11 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=1200,
                         help="seconds after the second submission for jobs and pilots to end")
+    parser.add_argument("--workload", choices=sorted(small.WORKLOADS), default="testbed-small",
+                        help="testbed-small: 8 jobs, 4 more 6 min later (H2H-12); "
+                        "testbed-first: 4 jobs from zero pilots")
     args = parser.parse_args()
+    args.workload = small.WORKLOADS[args.workload]
     htcondor.param["SEC_TOKEN_DIRECTORY"] = "/root/.condor/tokens.d"  # read as the provisioner
     data, reset = small.reset_policy(yaml.safe_load(CONFIG.read_text()))
     config = Config.model_validate(data)
@@ -272,12 +280,13 @@ def main() -> int:
         results.append(result)
         if records and plot is None and find_spec("matplotlib"):
             from provisioner.service.plots import plot_cores
-            plot_cores(*records, RESULTS / "testbed-small.png")
-            plot = ("testbed-small.png", n)
+            plot_cores(*records, RESULTS / f"{args.workload.name}.png")
+            plot = (f"{args.workload.name}.png", n)
     date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    text = small.document(results, date, reset, plot)
-    (RESULTS / "testbed-small.md").write_text(text)
-    print(f"\n{text}\nwrote {RESULTS / 'testbed-small.md'}")
+    text = small.document(results, date, reset, plot, args.workload)
+    out = RESULTS / f"{args.workload.name}.md"
+    out.write_text(text)
+    print(f"\n{text}\nwrote {out}")
     return 1 if any(r.error for r in results) else 0
 
 

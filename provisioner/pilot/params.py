@@ -47,6 +47,11 @@ class PilotParams:
     #: How long a passed start-up test counts on its node (0: it always runs).
     container_test_cache_s: int = testcache.DEFAULT_TTL_S
     payload_image: str = ""
+    #: This pilot's place among those submitted with it (provisioner.pilot.boot.start_delay).
+    start_slot: int = 0
+    start_slots: int = 0
+    #: When SLURM started the job (SLURM_JOB_START_TIME), if SLURM says.
+    slurm_start: float | None = None
 
     @property
     def name(self) -> str:
@@ -108,6 +113,9 @@ def params_from_env(env: dict[str, str], now: float) -> PilotParams:
         container_test_cache_s=_int_env(env, "PILOT_CONTAINER_TEST_CACHE_S",
                                         testcache.DEFAULT_TTL_S),
         payload_image=env.get("PILOT_PAYLOAD_IMAGE", ""),
+        start_slot=_int_env(env, "PILOT_START_SLOT", 0),
+        start_slots=_int_env(env, "PILOT_START_SLOTS", 0),
+        slurm_start=float(_int_env(env, "SLURM_JOB_START_TIME", 0)) or None,
     )
 
 

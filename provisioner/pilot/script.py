@@ -79,9 +79,11 @@ def _environment(directory: Path) -> jinja2.Environment:
 
 
 def render_pilot_script(config: Config, site: SiteConfig, walltime_s: int,
-                        gpus: int = 0) -> str:
-    """The batch script of one pilot at `site` that asks SLURM for `gpus` GPUs; jinja2
-    errors name the template."""
+                        gpus: int = 0, start_slot: int = 0, start_slots: int = 1) -> str:
+    """The batch script of one pilot at `site` that asks SLURM for `gpus` GPUs, the
+    `start_slot`-th of `start_slots` submitted together (their starts are spread over
+    `runtime.start_delay_max_s`, the first starts at once); jinja2 errors name the
+    template."""
     rt = site.runtime
     env = _environment(templates_dir(config))
     template = env.get_template(site.template)
@@ -98,6 +100,8 @@ def render_pilot_script(config: Config, site: SiteConfig, walltime_s: int,
         shutdown_margin_s=site.pilot.shutdown_margin_s,
         noclaim_shutdown_s=rt.noclaim_shutdown_s,
         start_delay_max_s=rt.start_delay_max_s,
+        start_slot=start_slot,
+        start_slots=start_slots,
         scratch=rt.scratch,
         log_dir=rt.log_dir,
         bind=",".join(rt.bind),

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from provisioner.pilot import endrecord, testcache, workfiles
+from provisioner.pilot import boot, endrecord, testcache, workfiles
 from provisioner.pilot.containers import (
     LOADER_VARIABLES,
     ContainerSupport,
@@ -371,13 +371,14 @@ def main() -> int:
     started = time.time()
     ending = Ending()
     try:
-        return run_pilot(ending)
+        return run_pilot(ending, started)
     finally:
         endrecord.write_from_env(dict(os.environ), started, time.time(), ending.reason)
 
 
-def run_pilot(ending: Ending) -> int:
-    """Everything the pilot does; every return notes in `ending` why it left."""
+def run_pilot(ending: Ending, started: float) -> int:
+    """Everything the pilot does (its wrapper `started` then); every return notes in
+    `ending` why it left."""
     for key in LOADER_VARIABLES:
         os.environ.pop(key, None)
     try:
@@ -397,7 +398,11 @@ def run_pilot(ending: Ending) -> int:
     signal.signal(signal.SIGUSR1, early_term)  # released before it started: just leave
     signal.signal(RETIRE_SIGNAL, signal.SIG_IGN)  # no job can run yet: nothing to retire
     signal.signal(UNRETIRE_SIGNAL, signal.SIG_IGN)
-    delay = random.Random(params.job_id).uniform(0, params.start_delay_max_s)
+    marks = {"PilotBootWrapperStart": started}
+    if params.slurm_start:
+        marks["PilotBootSlurmStart"] = params.slurm_start
+    delay = boot.start_delay(params.start_delay_max_s, params.start_slot,
+                             params.start_slots, random.Random(params.job_id))
     deadline = time.time() + delay
     while time.time() < deadline and stop_early is None:
         time.sleep(min(0.5, max(0.0, deadline - time.time())))
@@ -406,14 +411,21 @@ def run_pilot(ending: Ending) -> int:
         ending.reason = ("released-before-start" if stop_early == signal.SIGUSR1
                          else "terminated-before-start")
         return 0
+    marks["PilotBootDelayEnd"] = time.time()
     try:
         workdir, config = prepare(params)
     except (PilotError, OSError) as exc:
         log.error("%s", exc)
         ending.reason = "prepare-failed"
         return 2
+    marks["PilotBootPrepared"] = time.time()
     pilot = PilotRun(params, workdir, config)
     pilot.enable_containers()
+    marks["PilotBootTested"] = marks["PilotBootMasterStart"] = time.time()
+    with config.open("a") as f:  # the boot's steps, in the startd's ad
+        f.write("# --- boot (provisioner.pilot.boot) ---\n" + boot.config_lines(marks))
+    log.info("boot: %s", ", ".join(f"{k[len('PilotBoot'):]} {v - started:+.2f} s"
+                                   for k, v in marks.items()))
     signal.signal(signal.SIGTERM, pilot.on_term)
     signal.signal(signal.SIGINT, pilot.on_term)
     signal.signal(signal.SIGUSR1, pilot.on_release)

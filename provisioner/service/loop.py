@@ -204,16 +204,18 @@ class Provisioner:
         """sbatch `action.count` pilots, stopping at the first failure: (ids, error)."""
         site = self.config.site(action.site)
         backend = self.backends[action.site]
-        script = render_pilot_script(self.config, site, action.walltime_s, action.gpus)
-        request = PilotRequest(cpus=action.cpus, memory_mb=action.memory_mb,
-                               walltime_s=action.walltime_s,
-                               shutdown_margin_s=site.pilot.shutdown_margin_s, script=script,
-                               gpus=action.gpus)
         ids: list[str] = []
         error: BackendError | None = None
         try:
-            for _ in range(action.count):
-                ids.append(backend.submit(request))
+            for i in range(action.count):
+                # pilots sent together spread their starts; the first starts at once
+                script = render_pilot_script(self.config, site, action.walltime_s,
+                                             action.gpus, i, action.count)
+                ids.append(backend.submit(PilotRequest(
+                    cpus=action.cpus, memory_mb=action.memory_mb,
+                    walltime_s=action.walltime_s,
+                    shutdown_margin_s=site.pilot.shutdown_margin_s, script=script,
+                    gpus=action.gpus)))
         except BackendError as exc:
             error = exc
             self.metrics.refused(action.site, refusal_kind(exc))

@@ -71,16 +71,20 @@ def test_a_runs_figures_from_its_pilots_and_job_runs() -> None:
     assert r.efficiency == 0.5
     assert (r.pilots, r.started, r.never_claimed, r.unattributed) == (3, 2, 1, 1)
     assert (r.run, r.offset_s, r.wait(95), r.wait(100)) == (2, 3.5, 40.0, 40.0)
-    assert not r.met  # efficiency below the target
+    assert not r.met()  # efficiency below the target
     assert small.measure(1, 0, [], [], [], 0.0).efficiency is None
 
 
 def test_the_target_needs_both_figures() -> None:
-    good = small.RunResult(1, 0.0, efficiency=0.8, waits=(10.0, 40.0))
-    assert good.met
-    assert not small.RunResult(1, 0.0, efficiency=0.9, waits=(10.0, 41.0)).met
-    assert not small.RunResult(1, 0.0, efficiency=0.9, waits=()).met
-    assert not small.RunResult(1, 0.0, efficiency=0.9, waits=(1.0,), error="timed out").met
+    good = small.RunResult(1, 0.0, efficiency=0.88, waits=(5.0, 10.0))
+    assert good.met()
+    assert not small.RunResult(1, 0.0, efficiency=0.87, waits=(5.0, 10.0)).met()
+    assert not small.RunResult(1, 0.0, efficiency=0.9, waits=(10.0, 11.0)).met()
+    assert not small.RunResult(1, 0.0, efficiency=0.9, waits=()).met()
+    assert not small.RunResult(1, 0.0, efficiency=0.9, waits=(1.0,), error="timed out").met()
+    # the first-jobs workload has no efficiency target
+    assert small.RunResult(1, 0.0, efficiency=0.5, waits=(9.0,)).met(small.FIRST)
+    assert not small.RunResult(1, 0.0, efficiency=0.99, waits=(11.0,)).met(small.FIRST)
 
 
 def test_table_has_a_row_per_run_and_the_mean_of_the_completed_ones() -> None:
@@ -97,8 +101,8 @@ def test_table_has_a_row_per_run_and_the_mean_of_the_completed_ones() -> None:
 
 
 def test_document_names_the_reset_the_target_and_the_plot() -> None:
-    results = [small.RunResult(1, 2.0, 0.85, (10.0, 20.0)),
-               small.RunResult(2, 5.0, 0.7, (10.0, 20.0))]
+    results = [small.RunResult(1, 2.0, 0.9, (5.0, 10.0)),
+               small.RunResult(2, 5.0, 0.7, (5.0, 10.0))]
     text = small.document(results, "2026-01-31 12:00 UTC", ["policy.interval_s: 10 -> 300"],
                           ("testbed-small.png", 1))
     assert "2026-01-31 12:00 UTC" in text and "`policy.interval_s: 10 -> 300`" in text
