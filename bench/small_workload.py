@@ -25,7 +25,6 @@ from provisioner.pilot import endrecord
 from provisioner.service.accounting import JobRun, PilotRecord, percentile, site_days
 
 
-
 @dataclass(frozen=True)
 class Workload:
     """What alice submits: one-minute 1-core jobs in `batches`, `gap_s` apart; the
