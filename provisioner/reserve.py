@@ -175,16 +175,21 @@ def _worth_reserving(counts: Counter[_Key], snapshot: Snapshot, config: Config,
                      sites: Sequence[SiteConfig], lead: float) -> Counter[_Key]:
     """The groups a reserve slot pays for: the next job of the group is expected within
     ``reserve.max_idle_leads`` lead times (`lead`: the wait a slot saves; a slot idles
-    ``1 / rate`` before its job comes), it is likely (``reserve.min_use_chance``) to
-    arrive within the no-claim time of a pilot where it would wait (the shortest among
-    the group's sites), and no reserve pilot of its shape ended unclaimed since the
-    group's last arrivals (`Snapshot.reserve_spent`)."""
+    ``1 / rate`` before its job comes) or no group kept for that price shares room with
+    it (same GPUs, a common site: its jobs can take that room, which the reserve then
+    replaces; a shape alone, as in a trickle of one-core jobs, keeps its own), it is
+    likely (``reserve.min_use_chance``) to arrive within the no-claim time of a pilot
+    where it would wait (the shortest among the group's sites), and no reserve pilot of
+    its shape ended unclaimed since the group's last arrivals (`Snapshot.reserve_spent`).
+    """
     window = snapshot.arrival_window_s
     chance = config.policy.reserve.min_use_chance
     leads = config.policy.reserve.max_idle_leads
     noclaim = {s.name: s.runtime.noclaim_shutdown_s for s in sites}
     arrived = shape_arrivals(counts)
     out: Counter[_Key] = Counter()
+    slow: dict[_Key, tuple[int, set[str]]] = {}
+    kept: list[tuple[int, set[str]]] = []  # (gpus, sites) of the groups that keep room
     for key, n in counts.items():
         cpus, gpus, desired, matched = key
         spent = snapshot.reserve_spent.get((cpus, gpus))
@@ -198,9 +203,16 @@ def _worth_reserving(counts: Counter[_Key], snapshot: Snapshot, config: Config,
             rate = n / window if window > 0 else 0.0
         else:  # the shape's long-run rate, shared among its groups by their arrivals
             rate *= n / arrived[(cpus, gpus)]
-        if 1 - math.exp(-rate * hold) < chance or (leads > 0 and rate * lead * leads < 1):
+        if 1 - math.exp(-rate * hold) < chance:
+            continue
+        if leads > 0 and rate * lead * leads < 1:
+            slow[key] = (n, set(names))
             continue
         out[key] = n
+        kept.append((gpus, set(names)))
+    for key, (n, room) in slow.items():  # no room of another shape to share: its own
+        if not any(g == key[1] and room & where for g, where in kept):
+            out[key] = n
     return out
 
 

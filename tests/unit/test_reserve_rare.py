@@ -30,7 +30,8 @@ def seen(arrivals, now, pilots=()):  # type: ignore[no-untyped-def]
                                 last_arrival_at=now - 5), now, QueueSize(200, 100))
 
 
-WATCHED = RES.model_copy(update={"min_use_chance": 0.0, "min_arrival_times": 1})
+WATCHED = RES.model_copy(update={"min_use_chance": 0.0, "max_idle_leads": 0,
+                                 "min_arrival_times": 1})  # the no-claim watch alone
 
 
 def cpus_of_rows(s, cfg) -> dict[int, int]:  # type: ignore[no-untyped-def]
@@ -118,3 +119,32 @@ def test_a_pilot_released_or_at_its_walltime_is_no_noclaim_shutdown() -> None:
     ctl.cycle(*seen(arrivals, NOW, [late]))
     second = ctl.cycle(*seen(arrivals, NOW + 400))  # gone at its walltime margin
     assert any(isinstance(a, Submit) and a.cpus == 8 for a in second.actions)
+
+
+def test_a_rare_shape_shares_the_room_of_quicker_ones_but_a_shape_alone_keeps_its_own(
+        ) -> None:
+    # one-core jobs at 3/h (a slot idles 20 min per use, over 3 lead times of 240 s):
+    # alone, as in a trickle, they keep their reserve; next to a quick one-core stream an
+    # 8-core shape that slow shares that stream's room instead
+    cfg = config(reserve=RES.model_copy(update={"max_idle_leads": 3.0}))
+    trickle = dataclasses.replace(snap(arrivals=[(ONE, 4)]), shape_rates={(1, 0): 3 / 3600})
+    assert set(cpus_of_rows(trickle, cfg)) == {1}
+    eight = dataclasses.replace(snap(arrivals=[(EIGHT, 4)]), shape_rates={(8, 0): 3 / 3600})
+    assert set(cpus_of_rows(eight, cfg)) == {8}
+    mix = dataclasses.replace(snap(arrivals=[(ONE, 60), (EIGHT, 1)]),
+                              shape_rates={(1, 0): 60 / 900, (8, 0): 3 / 3600})
+    assert set(cpus_of_rows(mix, cfg)) == {1}
+
+
+@given(one_h=st.floats(0.5, 400), eight_h=st.floats(0.5, 400))
+def test_a_slow_shape_keeps_room_exactly_when_no_quick_shape_keeps_some(
+        one_h: float, eight_h: float) -> None:
+    """Two shapes, no no-claim gate: a shape under the price (``rate * lead *
+    max_idle_leads < 1``) keeps its own slots only when the other is under it too."""
+    cfg = config(reserve=PRICED.model_copy(update={"min_use_chance": 0.0}))
+    s = dataclasses.replace(snap(arrivals=[(ONE, 60), (EIGHT, 60)]),
+                            shape_rates={(1, 0): one_h / 3600, (8, 0): eight_h / 3600})
+    got = set(cpus_of_rows(s, cfg))
+    quick = {c for c, r in ((1, one_h), (8, eight_h))
+             if r / 3600 * PRICED.lead_s * PRICED.max_idle_leads >= 1}
+    assert got == (quick or {1, 8})
