@@ -67,7 +67,8 @@ def other_users_activity(every_s: float = 5.0) -> Iterator[None]:
         prio = 0
         while not stop.wait(every_s):
             prio = (prio + 1) % 2
-            run(["condor_qedit", companion, "JobPrio", str(prio)], user="alice")
+            # check=False: the pool may be cleaned (the companion removed) before the stop
+            run(["condor_qedit", companion, "JobPrio", str(prio)], user="alice", check=False)
 
     thread = threading.Thread(target=touch, daemon=True)
     thread.start()

@@ -235,6 +235,9 @@ def test_collector_restarted_while_jobs_run(service: Service) -> None:
             wait_for("the collector back", lambda: htcondor.Collector().locateAll(
                 htcondor.DaemonType.Collector), 60)
             run(["condor_reconfig"], env=ADMIN)
+            # The second submit host's daemons too (their own master): else its schedd
+            # is unknown to the pool until its next update, minutes on.
+            run(["condor_reconfig"], env=ADMIN, host=SUBMIT2)
             half = wait_for("two cycles that saw busy pilots without ads", lambda: _cycles_after(
                 service, mark, "busy without a startd ad", 2), 120)
             _decided_nothing_for_pilots(half)  # type: ignore[arg-type]
@@ -245,9 +248,9 @@ def test_collector_restarted_while_jobs_run(service: Service) -> None:
                     os.kill(pid, signal.SIGCONT)
         wait_for("all jobs done", lambda: jobs_left(cluster) == 0, 300, step=2)
         assert_converged(service, watch)
-    wait_for("every pool daemon advertised again", lambda: all(
-        htcondor.Collector().locateAll(d) for d in (htcondor.DaemonType.Negotiator,
-                                                     htcondor.DaemonType.Schedd)), 60)
+    wait_for("every pool daemon advertised again", lambda: htcondor.Collector().locateAll(
+        htcondor.DaemonType.Negotiator) and len(htcondor.Collector().locateAll(
+            htcondor.DaemonType.Schedd)) == len(SCHEDDS), 60)
     # No job evicted: no busy pilot was released or cancelled while the pool was
     # half-visible.
     assert_completed("restart-collector", 4)
@@ -287,6 +290,11 @@ def test_schedd_down_while_jobs_wait_for_a_pending_pilot(service: Service) -> No
         assert_converged(service, watch)
     assert re.search(r"(pool|schedd \S+) unknown this cycle", service.text())
     assert_completed("restart-schedd", 2)
+
+
+#: The testbed's submit hosts, each with a schedd (cm and the second submit host).
+SUBMIT2 = "submit2"
+SCHEDDS = ("cm", SUBMIT2)
 
 
 def _slurmctld(site: str, start: bool) -> None:

@@ -26,12 +26,14 @@ def test_departures_follow_the_real_queue() -> None:
     # One fixed window (window_gaps small: a sparse stream does not widen it); one batch
     # is a rate here (min_arrival_times 1); the jump of the injected clock is no quiet
     # spell (quiet_gaps large: no decay); no journal, so no learnt lead time either. The
-    # gate on the chance that a reserve slot is used (min_use_chance 0: always) is not
-    # what is tested here: its long-run rate weighs the injected jump of the clock as a
-    # quiet hour (tests/unit/test_reserve*.py cover the gate).
+    # gates on the chance that a reserve slot is used (min_use_chance 0: always) and on
+    # its idle time per use (max_idle_leads 0: none) are not what is tested here: their
+    # long-run rate weighs the injected jump of the clock as a quiet hour
+    # (tests/unit/test_reserve*.py cover the gates).
     reserve = base.policy.reserve.model_copy(
         update={"enabled": True, "window_s": WINDOW, "factor": 2.0, "window_gaps": 0.5,
-                "min_arrival_times": 1, "quiet_gaps": 1e6, "min_use_chance": 0.0})
+                "min_arrival_times": 1, "quiet_gaps": 1e6, "min_use_chance": 0.0,
+                "max_idle_leads": 0})
     config = base.model_copy(
         update={"policy": base.policy.model_copy(update={"reserve": reserve}), "journal": ""})
     first_cluster = submit("early", 3, 600)
