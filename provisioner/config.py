@@ -107,7 +107,8 @@ class ReserveConfig(_Model):
     by its no-claim shutdown is not replaced for its shape until a job of that shape
     arrives again (`provisioner.reserve.NoClaimWatch`). A shape whose slot would idle
     longer than ``max_idle_leads`` lead times per use shares the room kept for quicker
-    shapes instead of keeping its own (unless no such shape is kept).
+    shapes instead of keeping its own (unless no such shape is kept), and a shape keeps
+    no more slots than each pay that price (its k-th slot waits for its k-th job).
     Slots are split over the recent arrivals by core count in proportion to the square
     root of their numbers (a rare shape's arrivals vary relatively more, so it gets more
     than its count); a slot takes the largest memory seen for its core count. They are
@@ -157,9 +158,14 @@ class ReserveConfig(_Model):
     #: at most that many times as long as its jobs would otherwise wait. A rarer shape's
     #: jobs share the room kept for the quicker shapes (same GPUs, a common site; the
     #: reserve replaces what they take); with no such shape (a trickle of one kind of
-    #: job) it keeps its own slots. 0 = no such limit, only ``min_use_chance``. At 3
-    #: (bench, 3 seeds x 1 day): mixed-rare's 4- and 8-core slots go (efficiency 87.0 ->
-    #: 90.0 %, p95 29 -> 37 s); mixed and trickle unchanged.
+    #: job) it keeps its own slots. A shape kept for this price holds only the slots that
+    #: each pay it: its k-th slot idles until the shape's k-th job at the earliest, or
+    #: until the pilot's no-claim shutdown, and is kept only while its expected idle time
+    #: is at most this many lead times per expected use (`provisioner.reserve.
+    #: slots_worth`); what a shape cannot hold goes to the others. 0 = no such limit,
+    #: only ``min_use_chance``. At 3 (bench, 3 seeds x 1 day): mixed-rare's 4- and 8-core
+    #: slots go (efficiency 87.0 -> 90.0 %, p95 29 -> 37 s); per slot, mixed's second
+    #: 8-core slot goes (88.8 -> 89.9 %, p95 29 s).
     max_idle_leads: float = Field(default=3.0, ge=0)
 
 

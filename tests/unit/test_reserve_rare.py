@@ -1,12 +1,14 @@
 """The reserve pays for itself on every shape: a shape whose next job is unlikely to
 arrive within the pilot's no-claim time, or whose slot would idle longer than
 ``max_idle_leads`` lead times per use, gets no reserve slot (its rate over the evidence
-span, not one window's count), and a reserve pilot that ended by its no-claim shutdown is
-not replaced by an identical one until its shape's jobs arrive again."""
+span, not one window's count), a shape keeps no more slots than each pay that price, and a
+reserve pilot that ended by its no-claim shutdown is not replaced by an identical one until
+its shape's jobs arrive again."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -14,7 +16,7 @@ from hypothesis import strategies as st
 from provisioner.config import ReserveConfig
 from provisioner.controller import Controller, QueueSize
 from provisioner.model import JobShape, PilotState, Submit
-from provisioner.reserve import ShapeRates, reserve_rows
+from provisioner.reserve import ShapeRates, reserve_rows, slots_worth
 
 from .helpers import NOW, config, pilot, site, snap
 
@@ -148,3 +150,51 @@ def test_a_slow_shape_keeps_room_exactly_when_no_quick_shape_keeps_some(
     quick = {c for c, r in ((1, one_h), (8, eight_h))
              if r / 3600 * PRICED.lead_s * PRICED.max_idle_leads >= 1}
     assert got == (quick or {1, 8})
+
+
+def _min_idle(k: int, rate: float, hold: float) -> tuple[float, float]:
+    """(E[min(T_k, hold)], P(T_k < hold)) for T_k ~ Gamma(k, rate), from the closed form
+    E[T_k; T_k < hold] = k / rate * P(N >= k + 1) and N ~ Poisson(rate * hold)."""
+    mean = rate * hold
+    pmf = [math.exp(-mean)]
+    for j in range(1, k + 1):
+        pmf.append(pmf[-1] * mean / j)
+    below_k = sum(pmf[:k])  # P(N <= k - 1)
+    at_least_k1 = 1 - below_k - pmf[k]
+    return k / rate * at_least_k1 + hold * below_k, 1 - below_k
+
+
+@given(rate_h=st.floats(0.2, 600), hold=st.floats(60, 7200), value=st.floats(30, 7200))
+def test_slots_worth_keeps_exactly_the_slots_whose_idle_is_paid_by_their_use(
+        rate_h: float, hold: float, value: float) -> None:
+    rate = rate_h / 3600
+    n = slots_worth(rate, hold, value, 64)
+    for k in range(1, min(n, 64) + 2):
+        idle, used = _min_idle(k, rate, hold)
+        pays = idle <= value * used * (1 + 1e-6) + 1e-9
+        if k <= n:
+            assert pays
+        elif k == n + 1 and n < 64:
+            assert not pays or abs(idle - value * used) < 1e-6 * max(1.0, idle)
+    # the first slot pays exactly when the shape's mean gap is at most the value of a use
+    assert (n >= 1) == (rate * value >= 1 - 1e-9) or abs(rate * value - 1) < 1e-6
+    assert slots_worth(rate * 2, hold, value, 64) >= n  # more jobs, never fewer slots
+    assert slots_worth(rate, hold, value * 2, 64) >= n  # a dearer wait, never fewer
+
+
+def test_a_shape_kept_for_its_price_holds_only_the_slots_that_pay() -> None:
+    # 1-core jobs at 60/h, 8-core ones at 8/h: the 8-core shape's first slot idles 7.5
+    # minutes per use, under the price (3 lead times of 240 s: 12 minutes), but its second
+    # would idle about 15 minutes per use; the square-root split would give it 4 of 16
+    # slots: it holds one, the rest are one-core slots, as many as pay (a 12th one-core
+    # slot would idle 12 minutes per use at the earliest)
+    cfg = config(reserve=RES.model_copy(update={"max_idle_leads": 3.0}))
+    rates = {(1, 0): 60 / 3600, (8, 0): 8 / 3600}
+    mix = dataclasses.replace(snap(arrivals=[(ONE, 60), (EIGHT, 8)]), shape_rates=rates)
+    rows, size = reserve_rows(mix, cfg, cfg.sites, NOW)
+    got = {r.item.cpus: r.jobs for r in rows}
+    assert slots_worth(8 / 3600, 1200, 3 * 240, 64) == 1
+    assert got[8] == 1
+    assert got[1] == min(size - 1, slots_worth(60 / 3600, 1200, 3 * 240, 64)) == 11
+    unpriced = config(reserve=RES.model_copy(update={"max_idle_leads": 0}))
+    assert cpus_of_rows(mix, unpriced)[8] >= 2
