@@ -181,12 +181,13 @@ def _worth_reserving(counts: Counter[_Key], snapshot: Snapshot, config: Config,
     ``reserve.max_idle_leads`` lead times (`lead`: the wait a slot saves) per use
     (`slots_worth`), or no group kept for that price shares room with it (same GPUs, a
     common site: its jobs can take that room, which the reserve then replaces; a shape
-    alone, as in a trickle of one-core jobs, keeps its own, without a limit); its next
+    alone, as in a trickle of one-core jobs, keeps its own); its next
     job is likely (``reserve.min_use_chance``) to arrive within the no-claim time of a
     pilot where it would wait (the shortest among the group's sites); and no reserve
     pilot of its shape ended unclaimed since the group's last arrivals
-    (`Snapshot.reserve_spent`). A group kept for the price holds at most the slots that
-    each pay (`slots_worth`)."""
+    (`Snapshot.reserve_spent`). A group kept for the price that shares room with another
+    kept group holds at most the slots that each pay (`slots_worth`); one alone holds
+    what the size gives it."""
     window = snapshot.arrival_window_s
     chance = config.policy.reserve.min_use_chance
     leads = config.policy.reserve.max_idle_leads
@@ -194,6 +195,7 @@ def _worth_reserving(counts: Counter[_Key], snapshot: Snapshot, config: Config,
     arrived = shape_arrivals(counts)
     out: Counter[_Key] = Counter()
     worth: dict[_Key, int] = {}
+    room_of: dict[_Key, set[str]] = {}
     slow: dict[_Key, tuple[int, set[str]]] = {}
     kept: list[tuple[int, set[str]]] = []  # (gpus, sites) of the groups that keep room
     for key, n in counts.items():
@@ -218,10 +220,16 @@ def _worth_reserving(counts: Counter[_Key], snapshot: Snapshot, config: Config,
                 slow[key] = (n, set(names))
                 continue
         out[key] = n
-        kept.append((gpus, set(names)))
+        room_of[key] = set(names)
+        kept.append((gpus, room_of[key]))
     for key, (n, room) in slow.items():  # no room of another shape to share: its own
         if not any(g == key[1] and room & where for g, where in kept):
             out[key] = n
+    # a shape alone keeps the slots the size gives it (as a trickle keeps its reserve)
+    alone = [key for key in worth
+             if sum(1 for g, where in kept if g == key[1] and where & room_of[key]) < 2]
+    for key in alone:
+        del worth[key]
     return out, worth
 
 

@@ -198,3 +198,13 @@ def test_a_shape_kept_for_its_price_holds_only_the_slots_that_pay() -> None:
     assert got[1] == min(size - 1, slots_worth(60 / 3600, 1200, 3 * 240, 64)) == 11
     unpriced = config(reserve=RES.model_copy(update={"max_idle_leads": 0}))
     assert cpus_of_rows(mix, unpriced)[8] >= 2
+
+
+def test_a_shape_alone_holds_what_the_size_gives_it() -> None:
+    # 8-core jobs alone at 8/h: one slot pays the price, but no other shape's room
+    # is there to share, so the shape keeps the base stock the size asks for (as a
+    # trickle keeps its reserve); beside a quicker stream the same shape holds one slot
+    cfg = config(reserve=RES.model_copy(update={"max_idle_leads": 3.0}))
+    alone = dataclasses.replace(snap(arrivals=[(EIGHT, 8)]), shape_rates={(8, 0): 8 / 3600})
+    rows, size = reserve_rows(alone, cfg, cfg.sites, NOW)
+    assert slots_worth(8 / 3600, 1200, 3 * 240, 64) == 1 < size == sum(r.jobs for r in rows)
