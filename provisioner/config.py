@@ -162,10 +162,10 @@ class ReserveConfig(_Model):
     #: each pay it: its k-th slot idles until the shape's k-th job at the earliest, or
     #: until the pilot's no-claim shutdown, and is kept only while its expected idle time
     #: is at most this many lead times per expected use (`provisioner.reserve.
-    #: slots_worth`); what a shape cannot hold goes to the others. 0 = no such limit,
+    #: slots_worth`); a shape alone keeps what the size gives it. 0 = no such limit,
     #: only ``min_use_chance``. At 3 (bench, 3 seeds x 1 day): mixed-rare's 4- and 8-core
-    #: slots go (efficiency 87.0 -> 90.0 %, p95 29 -> 37 s); per slot, mixed's second
-    #: 8-core slot goes (88.8 -> 89.9 %, p95 29 s).
+    #: slots go (efficiency 87.0 -> 90.0 %, p95 29 -> 37 s); per slot, mixed's slots
+    #: that do not pay go (88.8 -> 89.7 %, p95 29 -> 30 s).
     max_idle_leads: float = Field(default=3.0, ge=0)
 
 

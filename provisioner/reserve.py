@@ -345,21 +345,9 @@ class NoClaimWatch:
 
 def _split_within(size: int, counts: Counter[_Key], most: Mapping[_Key, int]
                   ) -> dict[_Key, int]:
-    """`_split`, each group at most `most` slots (absent: no limit): what a group cannot
-    hold goes to the others the same way; what none can hold is not kept."""
-    quota: dict[_Key, int] = {}
-    open_ = Counter(counts)
-    while size > 0 and open_:
-        share = _split(size, open_)
-        full = {key for key, n in share.items() if key in most and n >= most[key]}
-        if not full:
-            quota.update(share)
-            break
-        for key in full:
-            quota[key] = most[key]
-            size -= most[key]
-            del open_[key]
-    return quota
+    """`_split`, each group at most `most` slots (absent: no limit); slots beyond that
+    are not kept."""
+    return {key: min(n, most.get(key, n)) for key, n in _split(size, counts).items()}
 
 
 def _split(size: int, counts: Counter[_Key]) -> dict[_Key, int]:

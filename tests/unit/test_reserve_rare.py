@@ -186,16 +186,16 @@ def test_a_shape_kept_for_its_price_holds_only_the_slots_that_pay() -> None:
     # 1-core jobs at 60/h, 8-core ones at 8/h: the 8-core shape's first slot idles 7.5
     # minutes per use, under the price (3 lead times of 240 s: 12 minutes), but its second
     # would idle about 15 minutes per use; the square-root split would give it 4 of 16
-    # slots: it holds one, the rest are one-core slots, as many as pay (a 12th one-core
-    # slot would idle 12 minutes per use at the earliest)
+    # slots: it holds one (and the one-core shape no more than its 11 that pay: a 12th
+    # would idle 12 minutes per use at the earliest)
     cfg = config(reserve=RES.model_copy(update={"max_idle_leads": 3.0}))
     rates = {(1, 0): 60 / 3600, (8, 0): 8 / 3600}
     mix = dataclasses.replace(snap(arrivals=[(ONE, 60), (EIGHT, 8)]), shape_rates=rates)
     rows, size = reserve_rows(mix, cfg, cfg.sites, NOW)
     got = {r.item.cpus: r.jobs for r in rows}
     assert slots_worth(8 / 3600, 1200, 3 * 240, 64) == 1
-    assert got[8] == 1
-    assert got[1] == min(size - 1, slots_worth(60 / 3600, 1200, 3 * 240, 64)) == 11
+    assert got[8] == 1 and size == 16
+    assert got[1] == slots_worth(60 / 3600, 1200, 3 * 240, 64) == 11
     unpriced = config(reserve=RES.model_copy(update={"max_idle_leads": 0}))
     assert cpus_of_rows(mix, unpriced)[8] >= 2
 
