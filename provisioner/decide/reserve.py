@@ -127,7 +127,7 @@ def reserve_rows(snapshot: Snapshot, config: Config, sites: Sequence[SiteConfig]
         return [], 0
     counts, memory = _groups(snapshot, sites)
     lead = reserve_lead(snapshot, config)
-    counts = _worth_reserving(counts, snapshot, config, sites, lead)
+    counts, worth = _worth_reserving(counts, snapshot, config, sites, lead)
     total = sum(counts.values())
     last = snapshot.last_arrival_at
     quiet = 0.0 if last is None else max(0.0, now - last)
@@ -135,8 +135,8 @@ def reserve_rows(snapshot: Snapshot, config: Config, sites: Sequence[SiteConfig]
                         quiet, lead)
     if total == 0:
         return [], 0
-    quota = _split(max(size, min(snapshot.reserve_hold, config.policy.reserve.max_jobs)),
-                   counts)
+    quota = _split_within(max(size, min(snapshot.reserve_hold,
+                                        config.policy.reserve.max_jobs)), counts, worth)
     rows: list[Row] = []
     for key, n in quota.items():
         if n <= 0:
@@ -172,19 +172,32 @@ def _groups(snapshot: Snapshot, sites: Sequence[SiteConfig]
 
 
 def _worth_reserving(counts: Counter[_Key], snapshot: Snapshot, config: Config,
-                     sites: Sequence[SiteConfig], lead: float) -> Counter[_Key]:
-    """The groups a reserve slot pays for: the next job of the group is expected within
-    ``reserve.max_idle_leads`` lead times (`lead`: the wait a slot saves; a slot idles
-    ``1 / rate`` before its job comes), it is likely (``reserve.min_use_chance``) to
-    arrive within the no-claim time of a pilot where it would wait (the shortest among
-    the group's sites), and no reserve pilot of its shape ended unclaimed since the
-    group's last arrivals (`Snapshot.reserve_spent`)."""
+                     sites: Sequence[SiteConfig], lead: float
+                     ) -> tuple[Counter[_Key], dict[_Key, int]]:
+    """The groups a reserve slot pays for, and how many slots of each pay at most (groups
+    absent: no such limit).
+
+    A group is kept if its first slot pays for its idle time at the price of
+    ``reserve.max_idle_leads`` lead times (`lead`: the wait a slot saves) per use
+    (`slots_worth`), or no group kept for that price shares room with it (same GPUs, a
+    common site: its jobs can take that room, which the reserve then replaces; a shape
+    alone, as in a trickle of one-core jobs, keeps its own); its next
+    job is likely (``reserve.min_use_chance``) to arrive within the no-claim time of a
+    pilot where it would wait (the shortest among the group's sites); and no reserve
+    pilot of its shape ended unclaimed since the group's last arrivals
+    (`Snapshot.reserve_spent`). A group kept for the price that shares room with another
+    kept group holds at most the slots that each pay (`slots_worth`); one alone holds
+    what the size gives it."""
     window = snapshot.arrival_window_s
     chance = config.policy.reserve.min_use_chance
     leads = config.policy.reserve.max_idle_leads
     noclaim = {s.name: s.runtime.noclaim_shutdown_s for s in sites}
     arrived = shape_arrivals(counts)
     out: Counter[_Key] = Counter()
+    worth: dict[_Key, int] = {}
+    room_of: dict[_Key, set[str]] = {}
+    slow: dict[_Key, tuple[int, set[str]]] = {}
+    kept: list[tuple[int, set[str]]] = []  # (gpus, sites) of the groups that keep room
     for key, n in counts.items():
         cpus, gpus, desired, matched = key
         spent = snapshot.reserve_spent.get((cpus, gpus))
@@ -198,10 +211,50 @@ def _worth_reserving(counts: Counter[_Key], snapshot: Snapshot, config: Config,
             rate = n / window if window > 0 else 0.0
         else:  # the shape's long-run rate, shared among its groups by their arrivals
             rate *= n / arrived[(cpus, gpus)]
-        if 1 - math.exp(-rate * hold) < chance or (leads > 0 and rate * lead * leads < 1):
+        if 1 - math.exp(-rate * hold) < chance:
             continue
+        if leads > 0:
+            worth[key] = slots_worth(rate, hold, leads * lead, config.policy.reserve.max_jobs)
+            if worth[key] == 0:
+                del worth[key]
+                slow[key] = (n, set(names))
+                continue
         out[key] = n
-    return out
+        room_of[key] = set(names)
+        kept.append((gpus, room_of[key]))
+    for key, (n, room) in slow.items():  # no room of another shape to share: its own
+        if not any(g == key[1] and room & where for g, where in kept):
+            out[key] = n
+    # a shape alone keeps the slots the size gives it (as a trickle keeps its reserve)
+    alone = [key for key in worth
+             if sum(1 for g, where in kept if g == key[1] and where & room_of[key]) < 2]
+    for key in alone:
+        del worth[key]
+    return out, worth
+
+
+def slots_worth(rate: float, hold: float, value_s: float, most: int) -> int:
+    """How many reserve slots of one shape pay for themselves, at most `most`: slot k
+    idles until the k-th job of the shape arrives (``T_k ~ Gamma(k, rate)``: at the
+    earliest, as if no slot came back meanwhile) or its pilot's no-claim shutdown
+    (`hold` s), and a use saves `value_s` seconds of idle cores (the price of the wait
+    it saves). Slot k pays while ``E[min(T_k, hold)] <= value_s * P(T_k < hold)``; the
+    idle time per use grows with k, so the first slot that does not pay ends the count.
+    The first slot pays exactly when ``rate * value_s >= 1`` (the hold cancels)."""
+    if rate <= 0 or hold <= 0:
+        return 0
+    mean = rate * hold  # jobs of the shape within one no-claim time, N ~ Poisson(mean)
+    pmf = math.exp(-mean)  # P(N = k - 1)
+    below = pmf  # P(N <= k - 1)
+    idle = 0.0
+    for k in range(1, most + 1):
+        used = max(0.0, 1.0 - below)  # P(N >= k) = P(T_k < hold)
+        idle += used / rate  # E[min(T_k, hold)] = sum over j <= k of P(N >= j) / rate
+        if used <= 0.0 or idle > value_s * used * (1 + 1e-9):
+            return k - 1
+        pmf *= mean / k
+        below += pmf
+    return most
 
 
 def shape_arrivals(counts: Mapping[_Key, int]) -> Counter[tuple[int, int]]:
@@ -288,6 +341,13 @@ class NoClaimWatch:
     def limits(self) -> dict[tuple[int, int], int]:
         """For `Snapshot.reserve_spent`."""
         return {shape: n for shape, (_t, n) in self.spent.items()}
+
+
+def _split_within(size: int, counts: Counter[_Key], most: Mapping[_Key, int]
+                  ) -> dict[_Key, int]:
+    """`_split`, each group at most `most` slots (absent: no limit); slots beyond that
+    are not kept."""
+    return {key: min(n, most.get(key, n)) for key, n in _split(size, counts).items()}
 
 
 def _split(size: int, counts: Counter[_Key]) -> dict[_Key, int]:

@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 
 from provisioner.config import PolicyConfig, ReserveConfig
 from provisioner.decide.cadence import CycleMark, Probe, cycle_due
+from provisioner.decide.controller import Controller, QueueSize
 from provisioner.decide.plan import plan, reserve_size
+from provisioner.decide.reserve import reserve_lead
 from provisioner.model import Cancel, Flag, JobShape, PilotState, Release, Submit
 
 from .helpers import NOW, config, pilot, site, snap
@@ -222,3 +224,41 @@ def test_a_sparse_stream_gets_more_than_the_normal_approximation() -> None:
     cfg = config(reserve=ReserveConfig(factor=2.0))
     assert reserve_size(6, 3600, cfg, lead_s=60) == 2 > math.ceil(2 * math.sqrt(0.2))
     assert reserve_size(240, 3600, cfg, lead_s=240) == math.ceil(2 * math.sqrt(32))
+
+
+def test_the_departures_scenario_sizes_the_reserve_with_the_lead_learnt_from_pilots_up(
+        ) -> None:
+    """tests/integration/test_reserve.py with plain data: three jobs, then one window
+    (600 s) later ten more and one of the three gone. Its service keeps no journal, but
+    a controller learns a site's lead from the pilots it sees at its first cycle (queue
+    wait and boot, `provisioner.estimates`): with a pilot up in the pool the lead is that
+    site's (quick check 3 s + 5 s wait + boot), not ``lead_s`` (240 s), and the reserve
+    is 4 slots, not 7."""
+    small = JobShape(1, 500)
+    reserve = ReserveConfig(window_s=600, lead_s=240, factor=2.0, window_gaps=0.5,
+                            min_arrival_times=1, quiet_gaps=1e6, min_use_chance=0.0,
+                            max_idle_leads=0)
+    base = config(site(max_pilots=20, max_pending=20, max_submit=20), reserve=reserve)
+    cfg = base.model_copy(update={"policy": base.policy.model_copy(
+        update={"quick_check_s": 3})})
+    up = dataclasses.replace(
+        pilot("7", PilotState.BUSY, cpus=4, memory_mb=7800, started=NOW - 95,
+              submitted=NOW - 100), joined_at=NOW - 60)
+
+    def sized(pilots: list) -> tuple[int, int, float]:  # type: ignore[type-arg]
+        ctl = Controller(cfg)
+        first = dataclasses.replace(snap(arrivals=[(small, 3)], pilots=pilots),
+                                    last_arrival_at=NOW - 1)
+        ctl.prepare(first, NOW, QueueSize(3, 0))
+        now = NOW + 601
+        late = dataclasses.replace(snap(arrivals=[(small, 10)], pilots=pilots),
+                                   last_arrival_at=now - 1)
+        s = ctl.prepare(late, now, QueueSize(12, 2))
+        assert s.recent_departures == 1 and abs(s.arrival_window_s - 601) < 1e-6
+        return plan(s, cfg, now).reserve_jobs, reserve_size(10, 601, cfg, 1), reserve_lead(
+            s, cfg)
+
+    assert sized([]) == (7, 7, 240)  # nothing learnt: lead_s
+    got, unlearnt, lead = sized([up])
+    assert lead < 100 and got == reserve_size(10, 601, cfg, 1, lead_s=lead) == 4
+    assert unlearnt == 7

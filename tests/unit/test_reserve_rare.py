@@ -1,19 +1,21 @@
 """The reserve pays for itself on every shape: a shape whose next job is unlikely to
 arrive within the pilot's no-claim time, or whose slot would idle longer than
 ``max_idle_leads`` lead times per use, gets no reserve slot (its rate over the evidence
-span, not one window's count), and a reserve pilot that ended by its no-claim shutdown is
-not replaced by an identical one until its shape's jobs arrive again."""
+span, not one window's count), a shape keeps no more slots than each pay that price, and a
+reserve pilot that ended by its no-claim shutdown is not replaced by an identical one until
+its shape's jobs arrive again."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from hypothesis import given
 from hypothesis import strategies as st
 
 from provisioner.config import ReserveConfig
 from provisioner.decide.controller import Controller, QueueSize
-from provisioner.decide.reserve import ShapeRates, reserve_rows
+from provisioner.decide.reserve import ShapeRates, reserve_rows, slots_worth
 from provisioner.model import JobShape, PilotState, Submit
 
 from .helpers import NOW, config, pilot, site, snap
@@ -30,7 +32,8 @@ def seen(arrivals, now, pilots=()):  # type: ignore[no-untyped-def]
                                 last_arrival_at=now - 5), now, QueueSize(200, 100))
 
 
-WATCHED = RES.model_copy(update={"min_use_chance": 0.0, "min_arrival_times": 1})
+WATCHED = RES.model_copy(update={"min_use_chance": 0.0, "max_idle_leads": 0,
+                                 "min_arrival_times": 1})  # the no-claim watch alone
 
 
 def cpus_of_rows(s, cfg) -> dict[int, int]:  # type: ignore[no-untyped-def]
@@ -118,3 +121,90 @@ def test_a_pilot_released_or_at_its_walltime_is_no_noclaim_shutdown() -> None:
     ctl.cycle(*seen(arrivals, NOW, [late]))
     second = ctl.cycle(*seen(arrivals, NOW + 400))  # gone at its walltime margin
     assert any(isinstance(a, Submit) and a.cpus == 8 for a in second.actions)
+
+
+def test_a_rare_shape_shares_the_room_of_quicker_ones_but_a_shape_alone_keeps_its_own(
+        ) -> None:
+    # one-core jobs at 3/h (a slot idles 20 min per use, over 3 lead times of 240 s):
+    # alone, as in a trickle, they keep their reserve; next to a quick one-core stream an
+    # 8-core shape that slow shares that stream's room instead
+    cfg = config(reserve=RES.model_copy(update={"max_idle_leads": 3.0}))
+    trickle = dataclasses.replace(snap(arrivals=[(ONE, 4)]), shape_rates={(1, 0): 3 / 3600})
+    assert set(cpus_of_rows(trickle, cfg)) == {1}
+    eight = dataclasses.replace(snap(arrivals=[(EIGHT, 4)]), shape_rates={(8, 0): 3 / 3600})
+    assert set(cpus_of_rows(eight, cfg)) == {8}
+    mix = dataclasses.replace(snap(arrivals=[(ONE, 60), (EIGHT, 1)]),
+                              shape_rates={(1, 0): 60 / 900, (8, 0): 3 / 3600})
+    assert set(cpus_of_rows(mix, cfg)) == {1}
+
+
+@given(one_h=st.floats(0.5, 400), eight_h=st.floats(0.5, 400))
+def test_a_slow_shape_keeps_room_exactly_when_no_quick_shape_keeps_some(
+        one_h: float, eight_h: float) -> None:
+    """Two shapes, no no-claim gate: a shape under the price (``rate * lead *
+    max_idle_leads < 1``) keeps its own slots only when the other is under it too."""
+    cfg = config(reserve=PRICED.model_copy(update={"min_use_chance": 0.0}))
+    s = dataclasses.replace(snap(arrivals=[(ONE, 60), (EIGHT, 60)]),
+                            shape_rates={(1, 0): one_h / 3600, (8, 0): eight_h / 3600})
+    got = set(cpus_of_rows(s, cfg))
+    quick = {c for c, r in ((1, one_h), (8, eight_h))
+             if r / 3600 * PRICED.lead_s * PRICED.max_idle_leads >= 1}
+    assert got == (quick or {1, 8})
+
+
+def _min_idle(k: int, rate: float, hold: float) -> tuple[float, float]:
+    """(E[min(T_k, hold)], P(T_k < hold)) for T_k ~ Gamma(k, rate), from the closed form
+    E[T_k; T_k < hold] = k / rate * P(N >= k + 1) and N ~ Poisson(rate * hold)."""
+    mean = rate * hold
+    pmf = [math.exp(-mean)]
+    for j in range(1, k + 1):
+        pmf.append(pmf[-1] * mean / j)
+    below_k = sum(pmf[:k])  # P(N <= k - 1)
+    at_least_k1 = 1 - below_k - pmf[k]
+    return k / rate * at_least_k1 + hold * below_k, 1 - below_k
+
+
+@given(rate_h=st.floats(0.2, 600), hold=st.floats(60, 7200), value=st.floats(30, 7200))
+def test_slots_worth_keeps_exactly_the_slots_whose_idle_is_paid_by_their_use(
+        rate_h: float, hold: float, value: float) -> None:
+    rate = rate_h / 3600
+    n = slots_worth(rate, hold, value, 64)
+    for k in range(1, min(n, 64) + 2):
+        idle, used = _min_idle(k, rate, hold)
+        pays = idle <= value * used * (1 + 1e-6) + 1e-9
+        if k <= n:
+            assert pays
+        elif k == n + 1 and n < 64:
+            assert not pays or abs(idle - value * used) < 1e-6 * max(1.0, idle)
+    # the first slot pays exactly when the shape's mean gap is at most the value of a use
+    assert (n >= 1) == (rate * value >= 1 - 1e-9) or abs(rate * value - 1) < 1e-6
+    assert slots_worth(rate * 2, hold, value, 64) >= n  # more jobs, never fewer slots
+    assert slots_worth(rate, hold, value * 2, 64) >= n  # a dearer wait, never fewer
+
+
+def test_a_shape_kept_for_its_price_holds_only_the_slots_that_pay() -> None:
+    # 1-core jobs at 60/h, 8-core ones at 8/h: the 8-core shape's first slot idles 7.5
+    # minutes per use, under the price (3 lead times of 240 s: 12 minutes), but its second
+    # would idle about 15 minutes per use; the square-root split would give it 4 of 16
+    # slots: it holds one (and the one-core shape no more than its 11 that pay: a 12th
+    # would idle 12 minutes per use at the earliest)
+    cfg = config(reserve=RES.model_copy(update={"max_idle_leads": 3.0}))
+    rates = {(1, 0): 60 / 3600, (8, 0): 8 / 3600}
+    mix = dataclasses.replace(snap(arrivals=[(ONE, 60), (EIGHT, 8)]), shape_rates=rates)
+    rows, size = reserve_rows(mix, cfg, cfg.sites, NOW)
+    got = {r.item.cpus: r.jobs for r in rows}
+    assert slots_worth(8 / 3600, 1200, 3 * 240, 64) == 1
+    assert got[8] == 1 and size == 16
+    assert got[1] == slots_worth(60 / 3600, 1200, 3 * 240, 64) == 11
+    unpriced = config(reserve=RES.model_copy(update={"max_idle_leads": 0}))
+    assert cpus_of_rows(mix, unpriced)[8] >= 2
+
+
+def test_a_shape_alone_holds_what_the_size_gives_it() -> None:
+    # 8-core jobs alone at 8/h: one slot pays the price, but no other shape's room
+    # is there to share, so the shape keeps the base stock the size asks for (as a
+    # trickle keeps its reserve); beside a quicker stream the same shape holds one slot
+    cfg = config(reserve=RES.model_copy(update={"max_idle_leads": 3.0}))
+    alone = dataclasses.replace(snap(arrivals=[(EIGHT, 8)]), shape_rates={(8, 0): 8 / 3600})
+    rows, size = reserve_rows(alone, cfg, cfg.sites, NOW)
+    assert slots_worth(8 / 3600, 1200, 3 * 240, 64) == 1 < size == sum(r.jobs for r in rows)
