@@ -69,16 +69,38 @@ def site_rejects(shape: JobShape, site: SiteConfig, item: Item | None = None) ->
     return ""
 
 
+#: What `fitting_sites` checks of each site: (name, cores, memory MB, GPUs, usable walltime).
+_Limits = tuple[str, int, int, int, int]
+#: The sites last asked about (a tuple: immutable, so the same object has the same
+#: content) and their limits: one cycle asks about the same sites for every shape.
+_last_limits: tuple[tuple[SiteConfig, ...], list[_Limits]] = ((), [])
+
+
+def site_limits(sites: Sequence[SiteConfig]) -> list[_Limits]:
+    """What `fitting_sites` checks of each of `sites`, read from the configuration once per
+    tuple of sites (reading a pydantic model's fields for every shape and site was a
+    large part of a cycle)."""
+    global _last_limits
+    known, limits = _last_limits
+    if sites is known:
+        return limits
+    limits = [(s.name, s.pilot.cpus, s.pilot.memory_mb, s.pilot.gpus, s.pilot.usable_s)
+              for s in sites]
+    if isinstance(sites, tuple):
+        _last_limits = (sites, limits)
+    return limits
+
+
 def fitting_sites(shape: JobShape, sites: Sequence[SiteConfig], item: Item) -> list[str]:
     """Names of the sites that can run `shape`, in the order of `sites`: those
     `site_rejects` has no reason against, by the same checks inlined (this runs per shape
     and site in every cycle)."""
     desired, runtime = shape.desired_sites, shape.runtime_s
     c, m, g = item.cpus, item.memory_mb, item.gpus
-    return [s.name for s in sites
-            if (not desired or s.name in desired)
-            and c <= s.pilot.cpus and m <= s.pilot.memory_mb and g <= s.pilot.gpus
-            and (runtime is None or runtime <= s.pilot.usable_s)]
+    return [name for name, cpus, memory, gpus, usable in site_limits(sites)
+            if c <= cpus and m <= memory and g <= gpus
+            and (runtime is None or runtime <= usable)
+            and (not desired or name in desired)]
 
 
 def unmatchable_reason(shape: JobShape, sites: Sequence[SiteConfig]) -> str:
@@ -125,13 +147,16 @@ def matched_sites(d: Demand, sites: Sequence[SiteConfig], item: Item) -> tuple[l
 def match_demand(demand: Iterable[Demand], sites: Sequence[SiteConfig]
                  ) -> tuple[list[Row], list[Unmatchable]]:
     """Stage 1: equal shapes merged, each matched to its sites; rows largest first."""
-    merged: Counter[Demand] = Counter()
+    # (shape, sites, mismatch) -> (the first such row, the idle jobs of all)
+    merged: dict[tuple[JobShape, frozenset[str] | None, str], tuple[Demand, int]] = {}
     for d in demand:
         if d.idle > 0:
-            merged[Demand(d.shape, 0, d.sites, d.mismatch)] += d.idle
+            key = (d.shape, d.sites, d.mismatch)
+            first, idle = merged.get(key, (d, 0))
+            merged[key] = (first, idle + d.idle)
     rows: list[Row] = []
     unmatchable: list[Unmatchable] = []
-    for d, idle in merged.items():
+    for d, idle in merged.values():
         item = item_of(d.shape)
         fits, why = matched_sites(d, sites, item)
         if fits:

@@ -21,9 +21,10 @@ pilots' capacity still counts.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter, itemgetter
 
 from provisioner.config import Config, SiteConfig
 from provisioner.decide.matching import (
@@ -75,6 +76,9 @@ _TIERS: tuple[PilotState, ...] = (
     PilotState.PENDING,
 )
 _WHOLE = _TIERS.index(PilotState.STARTING)  # from this tier on a pilot counts whole
+_PENDING = _TIERS.index(PilotState.PENDING)
+#: state -> tier (a `PilotState` hashes as its string value: a dict look-up is quick)
+_TIER_OF = {state: tier for tier, state in enumerate(_TIERS)}
 
 
 @dataclass
@@ -105,12 +109,12 @@ class SiteRow:
         return (self.held + opened) / max(1, self.config.caps.max_pilots)
 
 
-def _deadline(p: Pilot, walltime_s: int, margin_s: int, now: float) -> float | None:
-    """When SLURM ends pilot `p` (INF while pending), or None if `p` takes no new work:
+def _end(p: Pilot, walltime_s: int, margin_s: int, now: float) -> float | None:
+    """When SLURM ends pilot `p` (started or starting), or None if `p` takes no new work:
     within the shutdown `margin_s` of its end, the pilot stops starting jobs (a pilot
-    whose end is not known ends `walltime_s` after its start)."""
-    if p.state is PilotState.PENDING:
-        return INF  # gets a full walltime when it starts; runtime fit was checked per site
+    whose end is not known ends `walltime_s` after its start). A pending pilot gets a
+    full walltime when it starts (its runtime fit was checked per site): it has no end
+    yet (INF)."""
     end = p.walltime_end
     if end is None:
         start = p.started_at if p.started_at is not None else now
@@ -126,15 +130,16 @@ def site_rows(snapshot: Snapshot, config: Config) -> dict[str, SiteRow]:
     not read this cycle) and an empty `NewPilots`."""
     known = {v.name: v.known for v in snapshot.sites}
     rows = {s.name: SiteRow(s, known.get(s.name, False)) for s in config.sites}
-    for p in snapshot.pilots:
-        row = rows.get(p.site)
+    pilots = Counter(map(attrgetter("site", "state"), snapshot.pilots))  # counted in C
+    for (site, state), n in pilots.items():
+        row = rows.get(site)
         if row is None:
             continue
         # An ENDING pilot is no capacity, but its batch job still holds the
         # allocation until it leaves SLURM: the cap counts it.
-        row.held += 1
-        if p.state is PilotState.PENDING:
-            row.pending += 1
+        row.held += n
+        if state is PilotState.PENDING:
+            row.pending += n
     for s in rows.values():
         caps = s.config.caps
         s.room = {
@@ -165,24 +170,24 @@ def add_capacity(sites: dict[str, SiteRow], snapshot: Snapshot, now: float,
     times = {name: (s.config.pilot.walltime_s, s.config.pilot.shutdown_margin_s)
              for name, s in sites.items()}
     for p in snapshot.pilots:
-        if p.state not in _TIERS:  # a tuple: found by identity (an enum hashes in Python)
-            continue
-        tier = _TIERS.index(p.state)
-        if tier < _WHOLE:
-            if p.free_cpus <= 0:
-                continue
-            free = (p.free_cpus, p.free_memory_mb, p.free_gpus)
-        else:
-            free = (p.cpus, p.memory_mb, p.gpus)
+        tier = _TIER_OF.get(p.state)
         site_times = times.get(p.site)
-        if site_times is None or p.limit_reason or p.key in skip:
+        if tier is None or site_times is None or p.limit_reason or p.key in skip:
             continue  # a pilot pending at a job-count limit is no capacity on its way
-        end = _deadline(p, *site_times, now)
+        if tier >= _WHOLE:
+            c, m, g = p.cpus, p.memory_mb, p.gpus
+        elif p.free_cpus > 0:
+            c, m, g = p.free_cpus, p.free_memory_mb, p.free_gpus
+        else:
+            continue
+        end = INF if tier == _PENDING else _end(p, site_times[0], site_times[1], now)
         if end is None:
             continue  # within the shutdown margin: not capacity any more
-        # the GPU share (`gpu_share`) as a plain tuple: hashed in C; a `GpuShare` per group
-        share = (p.cpus // p.gpus, p.memory_mb // p.gpus) if p.gpus > 0 else (0, 0)
-        key = (p.site, tier, *free, *share)
+        # the GPU share (`gpu_share`) as plain numbers; a `GpuShare` per group
+        if p.gpus > 0:
+            key = (p.site, tier, c, m, g, p.cpus // p.gpus, p.memory_mb // p.gpus)
+        else:
+            key = (p.site, tier, c, m, g, 0, 0)
         members = raw.get(key)
         if members is None:
             raw[key] = [(end, p)]
@@ -190,7 +195,8 @@ def add_capacity(sites: dict[str, SiteRow], snapshot: Snapshot, now: float,
             members.append((end, p))
     by_index: dict[tuple[str, int], list[BinGroup]] = {}
     for (site_name, tier, c, m, g, share_c, share_m), members in raw.items():
-        members.sort(key=_latest_first)  # stable: equal ends keep snapshot order
+        # latest end first; stable (also reversed): equal ends keep snapshot order
+        members.sort(key=itemgetter(0), reverse=True)
         untils = [u for u, _p in members]
         by_index.setdefault((site_name, tier), []).append(
             BinGroup(c, m, g, untils[0], len(members), [p for _u, p in members],
@@ -198,10 +204,6 @@ def add_capacity(sites: dict[str, SiteRow], snapshot: Snapshot, now: float,
                      share=GpuShare(share_c, share_m) if share_c or share_m else NO_SHARE))
     for site_name, tier in sorted(by_index):
         sites[site_name].existing[tier] = CapacityIndex(by_index[site_name, tier], registry)
-
-
-def _latest_first(member: tuple[float, Pilot]) -> float:
-    return -member[0]
 
 
 def fill_existing(rows: Iterable[Row], sites: dict[str, SiteRow], now: float,
@@ -381,7 +383,8 @@ def plan(snapshot: Snapshot, config: Config, now: float) -> Plan:
         return Plan(actions=())
     leads = site_leads(snapshot, config, now)
     costs = costs_of(leads, config)
-    order = sorted(config.sites, key=lambda s: costs[s.name])  # stable: config order
+    # stable: config order; a tuple, so that matching reads the sites' limits once
+    order = tuple(sorted(config.sites, key=lambda s: costs[s.name]))
     sites = site_rows(snapshot, config)
     sites = {s.name: sites[s.name] for s in order}
     # pending pilots a new one elsewhere would beat: no capacity (their jobs are placed

@@ -80,44 +80,48 @@ def pilot_actions(
     for site_name, pilots in sorted(by_site.items()):
         site = config.site(site_name)
         # warm = unclaimed pilots that are up or coming up; keep_warm of them are kept
-        warm = sum(1 for p in pilots if p.state in _WARM and p.key not in used)
+        warm = 0
         cancels: list[Pilot] = []
         releases: list[Pilot] = []
         spare_busy: list[Pilot] = []
         for p in pilots:
-            flagged = p.key in flagged_at
-            retiring = p.key in retiring_now
-            if p.state is PilotState.BUSY:
-                if flagged:
+            state = p.state
+            if state is PilotState.BUSY:
+                if p.key in flagged_at:
                     out.append(Unflag(p, "busy again"))
                 if retire_ok and p.key not in used:
                     spare_busy.append(p)
-                elif retiring:
+                elif p.key in retiring_now:
                     out.append(Unretire(p, "demand for its room again" if p.key in used
                                         else "demand waits for pilots not yet in the pool"))
-            elif p.state is PilotState.IDLE:
+                continue
+            if state in _WARM and p.key not in used:
+                warm += 1
+            if state is PilotState.IDLE:
+                flagged = p.key in flagged_at
                 if p.key in used:
                     if flagged:
                         out.append(Unflag(p, "idle demand will use it"))
-                    if retiring:
+                    if p.key in retiring_now:
                         out.append(Unretire(p, "idle demand will use it"))
                 elif _idle_observations(snapshot, p, now) >= n_release:
                     releases.append(p)
                 elif not flagged:
                     out.append(Flag(p, "idle, no demand for it"))
-            elif p.state is PilotState.PENDING and p.key not in used:
-                unneeded.append(p.key)
-                # a half-open site's pending pilot is its probe: cancelled, it would only
-                # be replaced by another probe as soon as demand comes back
-                if (not submitting and site_name not in snapshot.probing
-                        and snapshot.unneeded_cycles.get(p.key, 0) + 1 >= cancel_after):
-                    cancels.append(p)
+            elif state is PilotState.PENDING:
+                if p.key not in used:
+                    unneeded.append(p.key)
+                    # a half-open site's pending pilot is its probe: cancelled, it would
+                    # only be replaced by another probe as soon as demand comes back
+                    if (not submitting and site_name not in snapshot.probing
+                            and snapshot.unneeded_cycles.get(p.key, 0) + 1 >= cancel_after):
+                        cancels.append(p)
             elif (drained_empty(p)
                   and snapshot.drained_cycles.get(p.key, 0) + 1 >= n_release):
                 # drained by someone else (an admin's condor_drain), running nothing: it
                 # would count against the caps for ever
                 out.append(Cancel(p, f"draining with nothing running for {n_release} cycles"))
-            elif (p.state is PilotState.STARTING and p.started_at is not None
+            elif (state is PilotState.STARTING and p.started_at is not None
                   and now - p.started_at > config.policy.start_timeout_s):
                 # Running at the site but its startd never registered (and the schedd
                 # runs nothing there, or it would be BUSY): it only burns allocation.

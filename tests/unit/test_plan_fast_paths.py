@@ -197,3 +197,14 @@ def test_fitting_sites_is_site_rejects(sc: tuple[Snapshot, Config],
     _snap, cfg = sc
     item = item_of(shape)
     assert fitting_sites(shape, cfg.sites, item) == ref_fitting_sites(shape, cfg.sites, item)
+
+
+def test_site_limits_follow_the_sites_asked_about() -> None:
+    """`fitting_sites` reads the sites' limits once per tuple of sites: another tuple, the
+    same sites in another order or a list are read anew."""
+    snap, small = synthetic_snapshot(seed=1, n_jobs=300, n_shapes=30, n_pilots=10, n_sites=3)
+    _snap, large = synthetic_snapshot(seed=2, n_jobs=300, n_shapes=30, n_pilots=10, n_sites=7)
+    for sites in (small.sites, large.sites, list(small.sites), small.sites[::-1], large.sites):
+        for d in snap.demand:
+            item = item_of(d.shape)
+            assert fitting_sites(d.shape, sites, item) == ref_fitting_sites(d.shape, sites, item)
