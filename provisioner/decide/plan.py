@@ -109,6 +109,31 @@ class SiteRow:
         return (self.held + opened) / max(1, self.config.caps.max_pilots)
 
 
+@dataclass
+class Budget:
+    """The new pilots this cycle may still open over all sites
+    (`policy.max_submit_per_cycle`), spent as the sites open them."""
+
+    left: int
+
+    def take(self, n: int) -> None:
+        """`n` new pilots were opened."""
+        self.left -= n
+
+    def fill(self, new: NewPilots, item: Item, n: int) -> int:
+        """Up to `n` jobs of `item` into the new pilots of one site, opening no more
+        pilots than the site's own allowance and this budget both permit; the pilots
+        opened are taken. Returns how many jobs were placed."""
+        own, before = new.allowed, new.opened
+        new.allowed = min(own, before + max(0, self.left))  # `fill` reads the allowance
+        try:
+            got = new.fill(item, n)
+        finally:
+            new.allowed = own
+        self.take(new.opened - before)
+        return got
+
+
 def _end(p: Pilot, walltime_s: int, margin_s: int, now: float) -> float | None:
     """When SLURM ends pilot `p` (started or starting), or None if `p` takes no new work:
     within the shutdown `margin_s` of its end, the pilot stops starting jobs (a pilot
@@ -255,7 +280,7 @@ def fill_new(rows: Iterable[Row], sites: dict[str, SiteRow], global_left: int,
     so that no new pilot is left part-empty where a move fills it: `whole_pilots`), what
     one cannot take goes to the others, then to the next tier. Within each site's room
     and `global_left` new pilots over all sites; returns what is left of `global_left`."""
-    left = [global_left]
+    budget = Budget(global_left)
     min_cpus = {name: s.config.pilot.min_cpus for name, s in sites.items()}
     for row in rows:
         if row.left == 0:
@@ -264,17 +289,17 @@ def fill_new(rows: Iterable[Row], sites: dict[str, SiteRow], global_left: int,
             for name in row.sites:
                 sites[name].offered_jobs += row.left
                 sites[name].offered_cpus += row.left * row.item.cpus
-        if not any(_may_take(sites[name], row, left[0]) for name in row.sites):
+        if not any(_may_take(sites[name], row, budget.left) for name in row.sites):
             continue  # no site can open a pilot or has an open one that fits: no change
         for tier in ranked(row, costs, min_cpus, tie_share):
             if row.left == 0:
                 break
-            if not any(_pilots_left(sites[name], left[0]) for name in tier):
+            if not any(_pilots_left(sites[name], budget.left) for name in tier):
                 for name in tier:  # the split would be all zeros: only open pilots take
-                    _place(sites[name], row, row.left, left)
+                    _place(sites[name], row, row.left, budget)
                 continue
             per = [_per_pilot(sites[name], row) for name in tier]
-            capacity = [_pilots_left(sites[name], left[0]) * k
+            capacity = [_pilots_left(sites[name], budget.left) * k
                         for name, k in zip(tier, per, strict=True)]
             load = [sites[name].load() for name in tier]
             split = shares(row.left, capacity, load)
@@ -283,10 +308,10 @@ def fill_new(rows: Iterable[Row], sites: dict[str, SiteRow], global_left: int,
                 split = whole_pilots(split, capacity, per, fill,
                                      [(costs[name], load[k]) for k, name in enumerate(tier)])
             for name, n in zip(tier, split, strict=True):
-                _place(sites[name], row, n, left)
+                _place(sites[name], row, n, budget)
             for name in tier:
-                _place(sites[name], row, row.left, left)
-    return left[0]
+                _place(sites[name], row, row.left, budget)
+    return budget.left
 
 
 def _per_pilot(s: SiteRow, row: Row) -> int:
@@ -312,18 +337,13 @@ def _may_take(s: SiteRow, row: Row, global_left: int) -> bool:
     return (global_left > 0 and new.allowed > new.opened) or new.may_fit(row.item)
 
 
-def _place(s: SiteRow, row: Row, n: int, global_left: list[int]) -> None:
-    """Up to `n` of the row's jobs into new pilots at `s`, within the global cap."""
+def _place(s: SiteRow, row: Row, n: int, budget: Budget) -> None:
+    """Up to `n` of the row's jobs into new pilots at `s`, within the global `budget`."""
     new = s.new
     assert new is not None
-    if n <= 0 or not _may_take(s, row, global_left[0]):
+    if n <= 0 or not _may_take(s, row, budget.left):
         return
-    room = new.allowed
-    new.allowed = min(room, new.opened + max(0, global_left[0]))
-    before = new.opened
-    got = new.fill(row.item, min(n, row.left))
-    new.allowed = room
-    global_left[0] -= new.opened - before
+    got = budget.fill(new, row.item, min(n, row.left))
     row.left -= got
     if row.reserve:
         s.new_reserve += got
