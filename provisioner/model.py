@@ -8,7 +8,7 @@ schedd, the collector and `squeue`; `provisioner.decide.plan.plan()` turns it in
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import Enum, StrEnum
 
 #: The startd rounds every job's RequestMemory up to a multiple of this (MB).
 MEMORY_ROUNDING_MB = 128
@@ -263,6 +263,19 @@ class Unmatchable:
     reason: str
 
 
+class Cap(StrEnum):
+    """What stopped a site from taking all the demand it fits this cycle; the value is
+    the text a summary shows."""
+
+    MAX_PILOTS = "max_pilots"  # the site's caps.max_pilots (pilots SLURM holds)
+    MAX_PENDING = "max_pending"  # the site's caps.max_pending
+    SITE_MAX_SUBMIT = "site max_submit_per_cycle"  # the site's caps.max_submit_per_cycle
+    BREAKER = "circuit breaker"  # its open (or half-open) circuit breaker
+    SLURM_LIMITS = "SLURM limits"  # what its SLURM limits allow, learnt from refusals
+    POLICY_MAX_SUBMIT = "policy max_submit_per_cycle"  # the global per-cycle cap
+    SITE_UNKNOWN = "site unknown"  # no cap: squeue did not answer this cycle
+
+
 @dataclass(frozen=True)
 class SiteSummary:
     """Per-site numbers for the cycle log line."""
@@ -274,7 +287,7 @@ class SiteSummary:
     new_pilot_jobs: int = 0  # of which placed on new pilots
     new_pilots: int = 0
     new_cpus: int = 0
-    capped: str = ""  # which cap limited the site, if any
+    capped: Cap | None = None  # which cap limited the site, if any
     reserve_jobs: int = 0  # reserve job slots held at this site (existing + new pilots)
 
 

@@ -56,6 +56,7 @@ from provisioner.decide.reserve import reserve_lead, reserve_rows, reserve_size
 from provisioner.decide.scaledown import carry_over, pilot_actions
 from provisioner.model import (
     Action,
+    Cap,
     Pilot,
     PilotState,
     Plan,
@@ -90,7 +91,7 @@ class SiteRow:
     held: int = 0  # pilots SLURM holds, ENDING ones too (what max_pilots counts)
     pending: int = 0
     existing: dict[int, CapacityIndex] = field(default_factory=dict)  # tier -> index
-    room: dict[str, int] = field(default_factory=dict)  # cap name -> new pilots it allows
+    room: dict[Cap, int] = field(default_factory=dict)  # cap -> new pilots it allows
     new: NewPilots | None = None
     absorbed: int = 0  # real jobs given to existing capacity
     absorbed_reserve: int = 0
@@ -168,16 +169,16 @@ def site_rows(snapshot: Snapshot, config: Config) -> dict[str, SiteRow]:
     for s in rows.values():
         caps = s.config.caps
         s.room = {
-            "max_pilots": caps.max_pilots - s.held,
-            "max_pending": caps.max_pending - s.pending,
-            "site max_submit_per_cycle": caps.max_submit_per_cycle,
+            Cap.MAX_PILOTS: caps.max_pilots - s.held,
+            Cap.MAX_PENDING: caps.max_pending - s.pending,
+            Cap.SITE_MAX_SUBMIT: caps.max_submit_per_cycle,
         }
         limit = snapshot.submit_limit.get(s.name)
         if limit is not None:
-            s.room["circuit breaker"] = limit
+            s.room[Cap.BREAKER] = limit
         limit = snapshot.limit_room.get(s.name)
         if limit is not None:
-            s.room["SLURM limits"] = limit
+            s.room[Cap.SLURM_LIMITS] = limit
         allowed = max(0, min(s.room.values())) if s.known else 0
         shape = s.config.pilot
         s.new = NewPilots(shape.cpus, shape.memory_mb, shape.gpus, allowed, shape.pack_cpus)
@@ -384,10 +385,10 @@ def submissions(sites: Iterable[SiteRow], demand: Sequence[Row], global_room: in
                 site=s.name, count=n, cpus=cpus, memory_mb=mem,
                 walltime_s=s.config.pilot.walltime_s,
                 reason=f"{why} need {n_new} new pilots at {s.name}", gpus=gpus))
-        capped = ""
+        capped = None
         if any(r.left and s.name in r.sites for r in demand):
-            room = dict(s.room, **{"policy max_submit_per_cycle": global_room})
-            capped = min(room, key=lambda k: room[k]) if s.known else "site unknown"
+            room = {**s.room, Cap.POLICY_MAX_SUBMIT: global_room}
+            capped = min(room, key=lambda k: room[k]) if s.known else Cap.SITE_UNKNOWN
         summaries.append(SiteSummary(
             site=s.name, demand_jobs=s.offered_jobs + s.absorbed,
             demand_cpus=s.offered_cpus, existing_jobs=s.absorbed,
