@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from provisioner.config import Config
 from provisioner.decide.backoff import SiteBackoff
@@ -59,6 +59,10 @@ from provisioner.sites import make_backend
 from provisioner.sites.base import PilotRequest, SiteBackend, SiteJob
 
 log = logging.getLogger(__name__)
+
+#: The pool as read once right before this cycle's releases (the pilot ads, the pilots
+#: that run jobs), or None when it could not be read.
+Fresh = tuple[Mapping[str, PilotAd], frozenset[str]] | None
 
 __all__ = ["CycleResult", "Observation", "Provisioner", "action_target", "ad_busy",
            "breakers_of", "describe", "idle_ad_keys", "merge_pilots", "pilot_state",
@@ -243,8 +247,7 @@ class Provisioner:
             out.append((text, outcome))
         return out
 
-    def _release(self, action: Release,
-                 fresh: tuple[Mapping[str, PilotAd], frozenset[str]] | None) -> str:
+    def _release(self, action: Release, fresh: Fresh) -> str:
         key = action.pilot.key
         if fresh is None:
             return "skipped: pool unreadable right before release"
@@ -259,13 +262,30 @@ class Provisioner:
         self.metrics.count("pilots_released", action.pilot.site)
         return "release sent (the pilot drains itself if still idle)"
 
-    def _retire(self, action: Retire | Unretire) -> str:
+    def _cancel(self, action: Cancel, _fresh: Fresh) -> str:
+        pending = action.pilot.state is PilotState.PENDING
+        self.backends[action.pilot.site].cancel(action.pilot.job_id, only_pending=pending)
+        self.metrics.count("pilots_cancelled", action.pilot.site)
+        return "cancelled if still pending" if pending else "cancelled"
+
+    def _retire(self, action: Retire | Unretire, _fresh: Fresh) -> str:
         retire = isinstance(action, Retire)
         self.backends[action.pilot.site].retire(action.pilot.job_id, retire)
         if retire:
             self.metrics.count("pilots_retired", action.pilot.site)
             return "sent (the pilot leaves when its running jobs end)"
         return "sent (the pilot stays when its running jobs end)"
+
+    def _noted(self, _action: Flag | Unflag, _fresh: Fresh) -> str:
+        """A flag is the controller's memory: nothing to send."""
+        return "ok"
+
+    #: How `act` applies each kind of action (submissions go first, all together,
+    #: through `_submit_all`): the handler's outcome is the action's outcome.
+    _HANDLERS: ClassVar[dict[type, Callable[[Provisioner, Any, Fresh], str]]] = {
+        Release: _release, Cancel: _cancel, Retire: _retire, Unretire: _retire,
+        Flag: _noted, Unflag: _noted,
+    }
 
     def _cleanup(self, obs: Observation) -> list[tuple[str, str]]:
         """Cancel the SLURM jobs of released pilots the controller says linger."""
@@ -292,7 +312,7 @@ class Provisioner:
     def act(self, obs: Observation, result: Plan) -> list[tuple[str, str]]:
         outcomes: list[tuple[str, str]] = []
         releases = [a for a in result.actions if isinstance(a, Release)]
-        fresh: tuple[dict[str, PilotAd], frozenset[str]] | None = None
+        fresh: Fresh = None
         if releases:
             try:  # one fresh read of the schedds and the collector for all releases
                 queue = self.pool.queue()
@@ -305,24 +325,12 @@ class Provisioner:
                 log.error("no release this cycle, pool unreadable: %s", exc)
         outcomes += self._submit_all([a for a in result.actions if isinstance(a, Submit)])
         for action in result.actions:
+            if isinstance(action, Submit):
+                continue
             text = describe(action)
+            handler = self._HANDLERS.get(type(action))
             try:
-                if isinstance(action, Submit):
-                    continue
-                if isinstance(action, Release):
-                    outcome = self._release(action, fresh)
-                elif isinstance(action, Cancel):
-                    pending = action.pilot.state is PilotState.PENDING
-                    self.backends[action.pilot.site].cancel(action.pilot.job_id,
-                                                            only_pending=pending)
-                    outcome = "cancelled if still pending" if pending else "cancelled"
-                    self.metrics.count("pilots_cancelled", action.pilot.site)
-                elif isinstance(action, Retire | Unretire):
-                    outcome = self._retire(action)
-                elif isinstance(action, Flag | Unflag):
-                    outcome = "ok"
-                else:
-                    outcome = "unknown action"
+                outcome = handler(self, action, fresh) if handler else "unknown action"
             except BackendError as exc:
                 outcome = f"failed: {exc}"
                 log.error("%s: %s", text, outcome)
