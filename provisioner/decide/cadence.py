@@ -40,7 +40,8 @@ def cycle_due(now: float, probe: Probe, last: CycleMark | None, policy: PolicyCo
               previous: Probe | None = None) -> str:
     """The reason a full cycle is due now, or "" if not.
 
-    Due when: there was no cycle yet; the interval has passed; or, at least
+    Due when: there was no cycle yet; the interval has passed; jobs wait in a queue the
+    last cycle saw empty (at once: the first jobs' wait is what users notice); or, at least
     `min_cycle_gap_s` after the last cycle, demand rose (more idle jobs), a pilot became
     idle that the last cycle or the `previous` probe did not see idle (a pilot idle at the
     last cycle that ran jobs since and is idle again), the queue emptied while the last
@@ -65,6 +66,10 @@ def cycle_due(now: float, probe: Probe, last: CycleMark | None, policy: PolicyCo
     slack = SLACK * policy.quick_check_s
     if since >= policy.interval_s - slack:
         return "interval"
+    if not last.idle_jobs and probe.idle_jobs:
+        # jobs in a queue the last cycle saw empty: the first of them are not held back by
+        # the gap (one such cycle per cycle that saw the queue empty: no storm)
+        return "idle jobs rose"
     if since < policy.min_cycle_gap_s - slack:
         return ""
     if probe.idle_jobs > last.idle_jobs:

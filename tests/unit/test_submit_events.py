@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from provisioner.config import ConfigError, PolicyConfig, PoolConfig, parse_config
-from provisioner.decide.cadence import CycleMark, gap_holds
+from provisioner.decide.cadence import CycleMark, Probe, cycle_due, gap_holds
 from provisioner.model import Demand, JobShape
 from provisioner.pool.submit_events import (
     Coalescer,
@@ -382,10 +382,26 @@ def test_gap_holds_within_min_cycle_gap_only() -> None:
 
 
 # --- the service's tick -------------------------------------------------------------------
+def test_jobs_in_a_queue_the_last_cycle_saw_empty_bring_a_cycle_at_once() -> None:
+    prov, pool, _, clock = make_world()
+    assert prov.tick() is not None  # the first cycle, nothing waits
+    pool.demand = (Demand(JobShape(1, 2000), 3),)  # submitted
+    prov.wakeup.ask()
+    clock.t += 1  # 1 s after the cycle: well within min_cycle_gap_s
+    cycle = prov.tick()
+    assert cycle is not None and cycle.reason == "idle jobs rose" and cycle.plan.submits
+    policy = PolicyConfig()
+    empty, waiting = CycleMark(at=100.0, idle_jobs=0), CycleMark(at=100.0, idle_jobs=2)
+    assert cycle_due(101.0, Probe(3, frozenset()), empty, policy) == "idle jobs rose"
+    assert cycle_due(101.0, Probe(3, frozenset()), waiting, policy) == ""  # the gap holds
+    assert cycle_due(101.0, Probe(0, frozenset()), empty, policy) == ""
+
+
 def test_a_wake_up_makes_the_next_tick_a_quick_check_and_a_cycle_once_the_gap_allows(
         ) -> None:
     prov, pool, _, clock = make_world()
-    assert prov.tick() is not None  # the first cycle, nothing waits
+    pool.demand = (Demand(JobShape(1, 2000), 1),)  # one job waits at the first cycle
+    assert prov.tick() is not None  # the first cycle
     probes: list[float] = []
     count = pool.idle_count
 
@@ -394,7 +410,7 @@ def test_a_wake_up_makes_the_next_tick_a_quick_check_and_a_cycle_once_the_gap_al
         return count()
 
     pool.idle_count = counted  # type: ignore[method-assign]
-    pool.demand = (Demand(JobShape(1, 2000), 3),)  # submitted
+    pool.demand = (Demand(JobShape(1, 2000), 4),)  # 3 more submitted
     clock.t += 1
     assert prov.tick() is None and probes == []  # no wake-up: the next quick check
     prov.wakeup.ask()
