@@ -15,7 +15,10 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/pip install -q -e '.[test,bench]'
 	touch $@
 
-test: unit integration
+# The unit tests run beside the integration tests (tests/run-all.sh): as long as the
+# integration tests take.
+test: venv
+	@bash tests/run-all.sh
 
 # For development: the unit tests and one smoke test through the testbed (a testbed
 # that is up, the testbed's own checks, then 8 jobs on pilots at both sites): about 5

@@ -11,7 +11,7 @@ read each other's sandbox."""
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import htcondor2 as htcondor
@@ -19,8 +19,10 @@ import pytest
 from conftest import run, service_config
 from test_loop import (
     ALICE,
+    GATE_SECONDS,
     assert_clean_completion,
     clean_pool,
+    gated_jobs_left,
     jobs_left,
     submit_script,
     wait_for,
@@ -51,10 +53,12 @@ def submit_as(user: str, name: str, script: str, extra: str = "", check: bool = 
     return submit_script(name, script, extra=extra, user=user, check=check)
 
 
-def drive(prov: Provisioner, clusters: list[str], timeout: float) -> None:
-    """Cycles until every cluster is done (a cycle at most every 3 s)."""
+def drive(prov: Provisioner, clusters: list[str], timeout: float,
+          left: Callable[[str], int] = jobs_left) -> None:
+    """Cycles until every cluster is done (a cycle at most every 3 s); `left` counts
+    a cluster's jobs left (`gated_jobs_left` to end gated jobs)."""
     prov.run_cycle("test")
-    wait_for("the jobs done", lambda: all(jobs_left(c) == 0 for c in clusters)
+    wait_for("the jobs done", lambda: all(left(c) == 0 for c in clusters)
              or (prov.run_cycle("test") and False), timeout, step=3)
 
 
@@ -107,16 +111,19 @@ def test_a_registry_image_is_refused_at_submit_with_the_reason(clean: None) -> N
 
 def test_two_users_on_one_pilot_cannot_see_or_signal_each_others_jobs(clean: None) -> None:
     prov = Provisioner(service_config())
+    # alice's job runs until bob's has looked (then the test opens its gate).
     victim = submit_as("alice", "victim", 'echo mine >"$_CONDOR_SCRATCH_DIR/alice-file"\n'
-                                          "sleep 61\n", GSI_ONLY)
+                                          f"sleep {GATE_SECONDS}\necho done\n", GSI_ONLY)
     attacker = submit_as("bob", "attacker", (
         "sleep 8\n"
-        "grep -l 'sleep.61' /proc/[0-9]*/cmdline >/dev/null 2>&1 && echo LEAK-sees || echo hidden\n"
-        "pkill -f 'sleep 61' 2>/dev/null && echo LEAK-killed || echo hidden\n"
+        f"grep -l 'sleep.{GATE_SECONDS}' /proc/[0-9]*/cmdline >/dev/null 2>&1 && echo LEAK-sees"
+        " || echo hidden\n"
+        f"pkill -f 'sleep {GATE_SECONDS}' 2>/dev/null && echo LEAK-killed || echo hidden\n"
         'ls "$_CONDOR_SCRATCH_DIR"/../*/alice-file >/dev/null 2>&1 && echo LEAK-sandbox '
         "|| echo hidden\n"
         "echo procs=$(ls -d /proc/[0-9]* | wc -l)\n"), GSI_ONLY)
-    drive(prov, [victim, attacker], 300)
+    drive(prov, [attacker], 300)
+    drive(prov, [victim], 120, left=gated_jobs_left)
     out = (BOB / "out" / "attacker" / "0.out").read_text().split()
     assert out[:3] == ["hidden", "hidden", "hidden"], out
     assert int(out[3].split("=")[1]) <= 6, out

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from conftest import SITES, run, slurm
 from servicectl import Service, service_dir, write_config
-from test_loop import clean_pool, jobs_left, submit, wait_for
+from test_loop import clean_pool, gated_jobs_left, submit_gated, wait_for
 
 from provisioner.config import PlacementConfig
 
@@ -67,7 +67,7 @@ def test_site_estimates_come_from_squeue_and_survive_a_restart(service: Service)
         for s in SITES:
             waits[s].update(started_pilots(s))
 
-    cluster = submit("estimates", 8, 60)
+    cluster = submit_gated("estimates", 8)  # running until the end (their gates open)
     service.start()
 
     def learnt_a_running_pilot() -> bool:
@@ -99,7 +99,7 @@ def test_site_estimates_come_from_squeue_and_survive_a_restart(service: Service)
             assert any(f"learnt from {n} pilot(s)" in status.stdout for n in counts), \
                 status.stdout
 
-    wait_for("all jobs done", lambda: (watch(), jobs_left(cluster) == 0)[1], 300, step=2)
+    wait_for("all jobs done", lambda: (watch(), gated_jobs_left(cluster) == 0)[1], 300, step=2)
     service.stop()
     watch()  # a pilot that started at the very end
     final = learnt(service)

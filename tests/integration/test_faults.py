@@ -48,10 +48,12 @@ from test_loop import (
     ALICE,
     clean_pool,
     drop_dead_pilot_ads,
+    gated_jobs_left,
     jobs_left,
     pilot_ad_ages,
     pilot_process_counts,
     submit,
+    submit_gated,
     submit_script,
     submits_in,
     wait_for,
@@ -149,7 +151,8 @@ def test_kill_9_mid_cycle_then_restart_rebuilds_from_the_sites(service: Service)
                         "reason=fault-test"])
     try:
         # 12 one-core jobs: gsi (cap 1) and Frankfurt take 4 each, a third pilot waits.
-        cluster = submit("kill9", 12, 40)
+        # They run until the test has seen what it waits for (then their gates open).
+        cluster = submit_gated("kill9", 12)
         with SiteWatch() as watch:
             with held_second_sbatch_at_frankfurt() as reached:
                 service.start()
@@ -174,10 +177,15 @@ def test_kill_9_mid_cycle_then_restart_rebuilds_from_the_sites(service: Service)
             before = {s: set(pilot_ids(s)) for s in SITES}
             assert before["frankfurt"] == watch.seen["frankfurt"], watch.story()
             # Killed again between cycles, with pilots pending and busy: the next
-            # service has every pilot it needs and submits none.
+            # service has every pilot it needs and submits none (two of its cycles
+            # with the jobs still running, then the jobs end).
             service.kill9()
+            mark = len(service.cycles())
             service.start()
-            wait_for("all jobs done", lambda: jobs_left(cluster) == 0, 300, step=2)
+            wait_for("two cycles of the restarted service with pilots pending and busy",
+                     lambda: len([c for c in service.cycles()[mark:]
+                                  if "pending" in c and "busy" in c]) >= 2, 120)
+            wait_for("all jobs done", lambda: gated_jobs_left(cluster) == 0, 300, step=2)
             assert {s: watch.checked().seen[s] for s in SITES} == before, (
                 watch.story(), service.text())
         assert_completed("kill9", 12)
@@ -217,7 +225,7 @@ def test_collector_restarted_while_jobs_run(service: Service) -> None:
     pool is half visible. Pilots the schedd runs jobs on are busy, not starting
     capacity, and nothing is decided for them. The window is held open by stopping
     the startds (SIGSTOP) until the service has seen it in two cycles."""
-    cluster = submit("restart-collector", 4, 60)
+    cluster = submit_gated("restart-collector", 4)
     stopped: list[int] = []
     with SiteWatch() as watch:
         service.start()
@@ -246,7 +254,7 @@ def test_collector_restarted_while_jobs_run(service: Service) -> None:
             for pid in stopped:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGCONT)
-        wait_for("all jobs done", lambda: jobs_left(cluster) == 0, 300, step=2)
+        wait_for("all jobs done", lambda: gated_jobs_left(cluster) == 0, 300, step=2)
         assert_converged(service, watch)
     wait_for("every pool daemon advertised again", lambda: htcondor.Collector().locateAll(
         htcondor.DaemonType.Negotiator) and len(htcondor.Collector().locateAll(
@@ -311,14 +319,14 @@ def _slurmctld(site: str, start: bool) -> None:
 
 
 def test_site_controller_down_for_several_cycles(service: Service) -> None:
-    first = submit("ctld-first", 4, 90)
+    first = submit_gated("ctld-first", 4)
     with SiteWatch() as watch:
         service.start()
         wait_for("a busy pilot at gsi", lambda: "gsi: 1 busy" in "".join(service.cycles()[-1:]),
                  120)
         _slurmctld("gsi", start=False)
         try:
-            second = submit("ctld-second", 4, 20)
+            second = submit_gated("ctld-second", 4)
             wait_for("three cycles with gsi unknown",
                      lambda: sum("gsi: UNKNOWN" in c for c in service.cycles()) >= 3, 120)
             unknown = [c for c in service.cycles() if "gsi: UNKNOWN" in c]
@@ -329,8 +337,8 @@ def test_site_controller_down_for_several_cycles(service: Service) -> None:
             assert "site gsi unknown" in service.text()
         finally:
             _slurmctld("gsi", start=True)
-        wait_for("all jobs done", lambda: jobs_left(first) + jobs_left(second) == 0, 300,
-                 step=2)
+        wait_for("all jobs done", lambda: gated_jobs_left(first) + jobs_left(second) == 0,
+                 300, step=2)
         assert_converged(service, watch)
     assert_completed("ctld-first", 4)
     assert_completed("ctld-second", 4)
@@ -343,14 +351,14 @@ def _link(host: str, up: bool) -> None:
 
 
 def test_login_node_unreachable_then_back(service: Service) -> None:
-    first = submit("login-first", 6, 60)  # more than gsi (cap 1 pilot of 4 cores) takes
+    first = submit_gated("login-first", 6)  # more than gsi (cap 1 pilot of 4 cores) takes
     with SiteWatch() as watch:
         service.start()
         wait_for("a busy pilot at frankfurt",
                  lambda: "busy" in "".join(service.cycles()[-1:]).split("frankfurt:")[-1], 120)
         _link(LOGIN["frankfurt"], up=False)
         try:
-            second = submit("login-second", 4, 20)
+            second = submit_gated("login-second", 4)
             wait_for("two cycles with frankfurt unknown",
                      lambda: sum("frankfurt: UNKNOWN" in c for c in service.cycles()) >= 2,
                      180)
@@ -364,8 +372,8 @@ def test_login_node_unreachable_then_back(service: Service) -> None:
                 assert "gsi: UNKNOWN" not in line, line
         finally:
             _link(LOGIN["frankfurt"], up=True)
-        wait_for("all jobs done", lambda: jobs_left(first) + jobs_left(second) == 0, 300,
-                 step=2)
+        wait_for("all jobs done", lambda: gated_jobs_left(first) + jobs_left(second) == 0,
+                 300, step=2)
         assert_converged(service, watch)
     assert_completed("login-first", 6)
     assert_completed("login-second", 4)
@@ -408,7 +416,7 @@ def _assert_ghost_not_counted(service: Service, site: str, key: str, startd: str
 
 
 def test_pilot_killed_under_a_running_job(service: Service) -> None:
-    cluster = submit("killed", 1, 45)
+    cluster = submit_gated("killed", 1)
     with SiteWatch() as watch:
         service.start()
         startd = wait_for("a job running", lambda: _running_on(cluster), 120)[0]  # type: ignore[index]
@@ -435,7 +443,7 @@ def test_pilot_killed_under_a_running_job(service: Service) -> None:
             c for c in service.cycles()[mark:] if submits_in(c)], 180)
         assert _heard_from(startd) is not None, (
             f"the ghost ad left before the resubmission: {submitted}")
-        wait_for("all jobs done", lambda: jobs_left(cluster) == 0, 360, step=2)
+        wait_for("all jobs done", lambda: gated_jobs_left(cluster) == 0, 360, step=2)
         assert_converged(service, watch)
     assert_completed("killed", 1, may_requeue=True)
 
@@ -462,7 +470,7 @@ def test_a_container_that_hangs_after_its_master_ended_does_not_hold_the_allocat
     # The container's runtime process stops (SIGSTOP: it can neither reap the master
     # nor clean up), so the batch job would wait for SLURM's walltime kill, holding
     # its cores for nothing. The wrapper sees the master gone and ends what is left.
-    cluster = submit("hang", 1, 20)
+    cluster = submit_gated("hang", 1)
     parent = 0
     try:
         with SiteWatch() as watch:
@@ -472,7 +480,7 @@ def test_a_container_that_hangs_after_its_master_ended_does_not_hold_the_allocat
             site, job = name.removeprefix("pilot-").rsplit("-", 1)
             parent = _container_parent(host, name)
             os.kill(parent, signal.SIGSTOP)
-            wait_for("the job done", lambda: jobs_left(cluster) == 0, 120)
+            wait_for("the job done", lambda: gated_jobs_left(cluster) == 0, 120)
             # released when idle (two quick checks), then 20 s of grace: far below
             # the pilot's walltime (an hour), where SLURM would have ended it
             wait_for("the pilot out of SLURM", lambda: job not in pilot_ids(site), 180, step=2)
@@ -488,10 +496,13 @@ def test_a_container_that_hangs_after_its_master_ended_does_not_hold_the_allocat
 
 
 def _short_walltime(data: dict) -> None:
-    """gsi pilots live 4 minutes (SLURM warns 90 s before); Frankfurt takes none."""
+    """gsi pilots live 3 minutes, SLURM's shortest (it warns 80 s before the end, up to
+    60 s early: 40 s after the start at the soonest, long after the job started; the
+    jobs' end, 60 s before the walltime, is 20 s or more after the warning); Frankfurt
+    takes none."""
     for site in data["sites"]:
         if site["name"] == "gsi":
-            site["pilot"].update(walltime_s=240, shutdown_margin_s=90)
+            site["pilot"].update(walltime_s=180, shutdown_margin_s=80)
         else:
             site["caps"].update(max_pilots=0, max_pending=0)
 
@@ -562,8 +573,9 @@ def test_black_hole_site_is_put_behind_a_circuit_breaker() -> None:
     directory = service_dir()
     config = write_config(directory, _black_hole)
     svc = Service(config, directory / "service.log")
-    # Three waves on gsi's one pilot: demand outlasts the first pause.
-    cluster = submit("blackhole", 12, 45)
+    # More jobs than gsi's one pilot runs at once, running until the breaker has
+    # opened twice (then their gates open): demand outlasts the first pause.
+    cluster = submit_gated("blackhole", 12)
     try:
         with SiteWatch() as watch:
             svc.start()
@@ -576,7 +588,8 @@ def test_black_hole_site_is_put_behind_a_circuit_breaker() -> None:
             # After the pause one pilot tests the site; it dies too: a longer pause.
             wait_for("a failed test", lambda: "circuit breaker OPEN for 60 s" in svc.text(),
                      200, step=2)
-            wait_for("all jobs done at gsi", lambda: jobs_left(cluster) == 0, 240, step=2)
+            wait_for("all jobs done at gsi", lambda: gated_jobs_left(cluster) == 0, 240,
+                     step=2)
             assert_converged(svc, watch)
         # Two pilots opened it, one tested it: Frankfurt was not fed more.
         assert len(watch.checked().seen["frankfurt"]) <= 4, watch.seen
@@ -602,13 +615,13 @@ def _admin_drain(startd: str) -> None:
 
 def test_pilot_drained_by_an_admin_is_cancelled_once_its_jobs_are_done(
         service: Service) -> None:
-    cluster = submit("drained", 1, 30)
+    cluster = submit_gated("drained", 1)
     with SiteWatch() as watch:
         service.start()
         startd = wait_for("the job running", lambda: _running_on(cluster), 120)[0]  # type: ignore[index]
         _admin_drain(startd)
         key = "/".join(startd.split("@")[0].removeprefix("pilot-").rsplit("-", 1))
-        wait_for("the job done", lambda: jobs_left(cluster) == 0, 120, step=2)
+        wait_for("the job done", lambda: gated_jobs_left(cluster) == 0, 120, step=2)
         wait_for("the drained pilot cancelled", lambda: f"cancel {key}" in
                  "".join(service.cycles()), 90)
         assert_converged(service, watch)
@@ -635,7 +648,7 @@ def _node_usable(site: str, node: str) -> bool:
 
 
 def test_worker_link_cut_while_a_job_runs_there(service: Service) -> None:
-    cluster = submit("linkcut", 2, 60)
+    cluster = submit_gated("linkcut", 2)
     with SiteWatch() as watch:
         service.start()
         startd = wait_for("a job running", lambda: _running_on(cluster), 120)[0]  # type: ignore[index]
@@ -662,7 +675,7 @@ def test_worker_link_cut_while_a_job_runs_there(service: Service) -> None:
             wait_for("the pilot gone from SLURM", lambda: job not in pilot_ids(site), 180,
                      step=2)
             _assert_ghost_not_counted(service, site, key, startd, watch)
-            wait_for("all jobs done", lambda: jobs_left(cluster) == 0, 360, step=2)
+            wait_for("all jobs done", lambda: gated_jobs_left(cluster) == 0, 360, step=2)
         finally:
             _link(host, up=True)
         try:  # the node's SLURM name is its host name

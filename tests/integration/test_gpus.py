@@ -13,16 +13,18 @@ from conftest import slurm
 from servicectl import sbatch_hook
 from test_loop import (  # noqa: F401 (clean, service: fixtures)
     ALICE,
+    GATE_SECONDS,
     assert_clean_completion,
     clean,
-    jobs_left,
+    gated_jobs_left,
     service,
     submit_script,
     wait_for,
 )
 
-SCRIPT = """echo "assigned=$_CONDOR_AssignedGPUs visible=${CUDA_VISIBLE_DEVICES:-none}"
-sleep 25
+#: A GPU job: says which GPU it was given, then runs until the test opens its gate.
+SCRIPT = f"""echo "assigned=$_CONDOR_AssignedGPUs visible=${{CUDA_VISIBLE_DEVICES:-none}}"
+sleep {GATE_SECONDS}
 echo job-$1-ok
 """
 
@@ -46,7 +48,7 @@ def test_a_gpu_job_gets_a_pilot_with_one_gpu_and_runs_with_it(service: Path) -> 
     assert gres == ["gres/gpu:1"] or all("gpu:1" in g or "gpu=1" in g for g in gres), gres
     ads = wait_for("the pilot's startd with its GPU", gpu_startds, 120)
     assert [a.get("TotalSlotGPUs") for a in ads] == [1], ads
-    wait_for("the GPU job done", lambda: jobs_left(cluster) == 0, 180, step=2)
+    wait_for("the GPU job done", lambda: gated_jobs_left(cluster) == 0, 180, step=2)
     assert_clean_completion("gpu", 1, outputs=False)
     out = (ALICE / "out" / "gpu" / "0.out").read_text()
     assert "assigned=GPU-" in out and "visible=none" not in out, out
@@ -78,12 +80,14 @@ def test_while_gpu_jobs_wait_no_cpu_only_job_starts_on_a_gpu_pilot(
     busy = ('[ "$SLURM_CONF" = /etc/slurm-frankfurt/slurm.conf ] && '
             '{ echo "sbatch: error: Slurm temporarily unavailable (test)" >&2; exit 1; }')
     with sbatch_hook(busy):
-        cpu = submit_script("cpuonly", "sleep 40; echo job-$1-ok\n", 4, extra=attrs)
+        cpu = submit_script("cpuonly", f"sleep {GATE_SECONDS}; echo job-$1-ok\n", 4,
+                            extra=attrs)
         gpu = submit_script("gpujobs", SCRIPT, 2, extra="request_gpus = 1\n" + attrs)
         wait_for("two jobs started on the GPU pilot",
                  lambda: running(cpu) + running(gpu) >= 2, 180, step=1)
         assert running(cpu) == 0, "a CPU-only job started on the GPU pilot"
-    wait_for("every job done", lambda: jobs_left(cpu) + jobs_left(gpu) == 0, 300, step=2)
+    wait_for("every job done", lambda: gated_jobs_left(cpu) + gated_jobs_left(gpu) == 0, 300,
+             step=2)
     history = [dict(a) for a in htcondor.Schedd().history(
         constraint=f"ClusterId == {cpu} || ClusterId == {gpu}",
         projection=["ClusterId", "ProcId", "RequestGPUs", "MachineAttrRoomForCPUOnlyJobs0",

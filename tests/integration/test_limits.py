@@ -19,7 +19,7 @@ import pytest
 from conftest import run, slurm
 from servicectl import Service, SiteWatch, pilot_ads, pilot_ids, service_dir, write_config
 from test_faults import assert_completed
-from test_loop import clean_pool, jobs_left, submit, wait_for
+from test_loop import clean_pool, gated_jobs_left, submit_gated, wait_for
 
 LIMIT_FILE = Path("/etc/slurm-gsi/job-limit")
 CTLD_LOG = Path("/var/log/slurm/slurmctld-gsi.log")
@@ -59,7 +59,7 @@ def test_a_burst_beyond_the_submit_limit_overflows_to_the_other_site(limited: No
     config = write_config(directory, _roomy_gsi)
     svc = Service(config, directory / "service.log")
     before = _refusals()
-    cluster = submit("limit", 4, 60, extra="request_cpus = 4\n")
+    cluster = submit_gated("limit", 4, extra="request_cpus = 4\n")
     try:
         with SiteWatch() as watch:
             svc.start()
@@ -71,7 +71,7 @@ def test_a_burst_beyond_the_submit_limit_overflows_to_the_other_site(limited: No
             status = run(["/opt/venv/bin/provisioner", "-c", str(config), "status"],
                          user="provisioner").stdout
             assert f"gsi: at its submission limit ({LIMIT} jobs" in status, status
-            wait_for("all jobs done", lambda: jobs_left(cluster) == 0, 300, step=2)
+            wait_for("all jobs done", lambda: gated_jobs_left(cluster) == 0, 300, step=2)
             cycles = len(svc.cycles())
             wait_for("no pilot left in SLURM",
                      lambda: not pilot_ids("gsi") and not pilot_ids("frankfurt"), 240, step=2)

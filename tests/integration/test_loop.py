@@ -9,8 +9,10 @@ released, and nothing is left in squeue.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -137,6 +139,47 @@ def clean() -> Iterator[None]:
 def submit(name: str, count: int, seconds: int, extra: str = "") -> str:
     """alice submits `count` jobs that sleep, then print job-<n>-ok; returns the cluster."""
     return submit_script(name, f"sleep {seconds}; echo job-$1-ok\n", count, extra)
+
+
+#: A gated job sleeps this long (a day) unless the test opens its gate first: the
+#: argument marks its `sleep` among the workers' processes.
+GATE_SECONDS = 86399
+
+
+def submit_gated(name: str, count: int, extra: str = "") -> str:
+    """alice submits `count` jobs that run until the test opens their gate
+    (`gated_jobs_left`), then print job-<n>-ok and exit 0; returns the cluster. A
+    test that needs jobs running while it injects a fault waits on that event, not
+    on a guessed job length."""
+    return submit_script(name, f"sleep {GATE_SECONDS}; echo job-$1-ok\n", count, extra)
+
+
+def open_gates() -> int:
+    """End every gated job's sleep that runs now (the job goes on to print its line
+    and exit 0); how many. Processes are found in /proc: every testbed host shares
+    this PID namespace."""
+    ended = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[:2] == [b"sleep", str(GATE_SECONDS).encode()]:
+            try:
+                os.kill(int(entry.name), signal.SIGTERM)
+                ended += 1
+            except ProcessLookupError:
+                pass
+    return ended
+
+
+def gated_jobs_left(cluster: str) -> int:
+    """`jobs_left`, after opening the gate of every gated job running now (jobs that
+    start later are opened at the next call: poll it)."""
+    open_gates()
+    return jobs_left(cluster)
 
 
 def submit_script(name: str, script: str, count: int = 1, extra: str = "",
@@ -342,8 +385,12 @@ def test_busy_pilots_retire_and_leave_as_their_jobs_end(service: Path) -> None:
     """The product default: once the queue is empty, each busy pilot is told to leave
     when its jobs end, and leaves by itself then (not a quick check and a release
     later); no job is evicted."""
-    cluster = submit("retire", 6, 25)
-    wait_for("all 6 jobs done", lambda: jobs_left(cluster) == 0, 240, step=2)
+    cluster = submit_gated("retire", 6)
+    # The jobs run until the service has told a busy pilot to leave (then their gates
+    # open): a pilot is retired only while its jobs run with the queue empty.
+    wait_for("a busy pilot retired", lambda: re.search(
+        r"retire \w+/\d+", "\n".join(cycle_lines(service))), 240, step=1)
+    wait_for("all 6 jobs done", lambda: gated_jobs_left(cluster) == 0, 240, step=2)
     assert_clean_completion("retire", 6)
     wait_for("all pilots gone from squeue", lambda: not any(all_pilot_jobs().values()), 120)
     log = "\n".join(cycle_lines(service))
@@ -408,7 +455,7 @@ def test_a_withdrawn_retirement_keeps_the_pilot(clean: None) -> None:
     """Retire, then demand that needs new capacity: the order is withdrawn and the
     pilot is still there after its job ended (a retiring one leaves within a second)."""
     prov = Provisioner(service_config())
-    cluster = submit("long", 1, 40)
+    cluster = submit_gated("long", 1)
     cycle(prov)
     wait_for("the job running", lambda: htcondor.Schedd().query(
         constraint=f"ClusterId == {cluster} && JobStatus == 2", projection=["ClusterId"]), 90)
@@ -428,7 +475,7 @@ def test_a_withdrawn_retirement_keeps_the_pilot(clean: None) -> None:
     assert [a.pilot.key for a in result.plan.actions if isinstance(a, Unretire)] == [key], \
         result.plan.actions
     assert key not in prov.controller.retiring
-    wait_for("the long job done", lambda: jobs_left(cluster) == 0, 90)
+    wait_for("the long job done", lambda: gated_jobs_left(cluster) == 0, 90)
     time.sleep(5)  # a retiring pilot would have left by now
     assert job_id in squeue_ids(site)
     wait_for("the wide job done", lambda: jobs_left(wide) == 0, 90, step=2)

@@ -15,7 +15,15 @@ import pytest
 from conftest import run
 from servicectl import Service, SiteWatch, job_events, service_dir, write_config
 from test_faults import assert_converged
-from test_loop import ADMIN, ALICE, clean_pool, negotiator_interval, wait_for
+from test_loop import (
+    ADMIN,
+    ALICE,
+    GATE_SECONDS,
+    clean_pool,
+    negotiator_interval,
+    open_gates,
+    wait_for,
+)
 
 HOST = "submit2"
 #: Each cycle line of the service while submit2's schedd cannot be read.
@@ -110,7 +118,7 @@ def _down_cycles(svc: Service, mark: int) -> list[str]:
 
 
 def test_its_schedd_down_is_unknown_and_no_busy_pilot_goes(service: Service) -> None:
-    cluster = submit_there("schedds-down", 90)
+    cluster = submit_there("schedds-down", GATE_SECONDS)  # runs until its gate opens
     with SiteWatch() as watch:
         service.start()
         wait_for(f"the job on {HOST} running", lambda: jobs_there(cluster, 2) == 1, 300,
@@ -126,7 +134,8 @@ def test_its_schedd_down_is_unknown_and_no_busy_pilot_goes(service: Service) -> 
                     assert f"{verb} " not in actions, line
         finally:
             schedd_on()
-        wait_for(f"the job on {HOST} done", lambda: jobs_there(cluster) == 0, 300, step=2)
+        wait_for(f"the job on {HOST} done",
+                 lambda: (open_gates(), jobs_there(cluster) == 0)[1], 300, step=2)
         assert_converged(service, watch)
     assert f"schedd {HOST} unknown this cycle" in service.text()
     completed("schedds-down")
