@@ -52,7 +52,6 @@ from test_loop import (
     jobs_left,
     pilot_ad_ages,
     pilot_process_counts,
-    submit,
     submit_gated,
     submit_script,
     submits_in,
@@ -278,7 +277,7 @@ def test_schedd_down_while_jobs_wait_for_a_pending_pilot(service: Service) -> No
     service.config = write_config(service.config.parent, cancel_at_once)
     with SiteWatch() as watch:
         with workers_drained():
-            cluster = submit("restart-schedd", 2, 20)
+            cluster = submit_gated("restart-schedd", 2)
             service.start()
             wait_for("a pilot pending", lambda: " 1 pending" in "".join(service.cycles()[-1:]),
                      120)
@@ -294,7 +293,7 @@ def test_schedd_down_while_jobs_wait_for_a_pending_pilot(service: Service) -> No
                 assert {site: pilot_ids(site) for site in SITES} == pending, pending
             finally:
                 run(["condor_on", "-daemon", "schedd"], env=ADMIN)
-        wait_for("all jobs done", lambda: jobs_left(cluster) == 0, 300, step=2)
+        wait_for("all jobs done", lambda: gated_jobs_left(cluster) == 0, 300, step=2)
         assert_converged(service, watch)
     assert re.search(r"(pool|schedd \S+) unknown this cycle", service.text())
     assert_completed("restart-schedd", 2)
