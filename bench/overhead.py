@@ -90,8 +90,8 @@ def main() -> int:
     ap.add_argument("--shapes", type=int, default=300)
     ap.add_argument("--pilots", type=int, default=200)
     args = ap.parse_args()
-    snap, config = synthetic_snapshot(seed=1, n_jobs=args.jobs, n_shapes=args.shapes,
-                                      n_pilots=args.pilots, n_sites=2, now=NOW)
+    snap, _memory, config = synthetic_snapshot(seed=1, n_jobs=args.jobs, n_shapes=args.shapes,
+                                               n_pilots=args.pilots, n_sites=2, now=NOW)
     tmp = tempfile.TemporaryDirectory()
     journal = Journal(str(Path(tmp.name) / "journal.sqlite"))
     metrics = Metrics()

@@ -138,13 +138,13 @@ def reserve_on_off(seeds: list[int], days: float, traces: str = RESERVE_TRACE) -
 
 
 def time_plan(runs: int = 15) -> tuple[float, list[float]]:
-    snap, config = synthetic_snapshot()
+    snap, memory, config = synthetic_snapshot()
     now = 1_000_000.0
-    plan(snap, config, now)  # warm up
+    plan(snap, memory, config, now)  # warm up
     times = []
     for _ in range(runs):
         t0 = time.perf_counter()
-        plan(snap, config, now)
+        plan(snap, memory, config, now)
         times.append(time.perf_counter() - t0)
     return statistics.median(times), times
 

@@ -87,7 +87,7 @@ class ReserveConfig(_Model):
     ``min(max_jobs, ceil(growth + service))`` free job slots, where ``a`` and ``d`` are
     the matchable jobs expected to arrive and to leave the queue during one lead time
     (counted over the arrival window, scaled to one lead time; `Snapshot.recent_arrivals`
-    and `Snapshot.recent_departures`; ``d`` is counted at most up to ``a``, so a
+    and `CycleMemory.recent_departures`; ``d`` is counted at most up to ``a``, so a
     shrinking queue keeps the steady reserve; unknown: ``d = a``). ``growth`` is the
     expected growth ``a - d`` (a campaign ramping up) less one standard deviation of its
     estimate, never negative. ``service`` meets two service levels with ``eps`` the

@@ -1,8 +1,9 @@
 """Plain data exchanged between the observe, plan and act phases.
 
 Everything here is immutable and free of I/O. The service builds a `Snapshot` from the
-schedd, the collector and `squeue`; `provisioner.decide.plan.plan()` turns it into a `Plan` whose
-`actions` the service applies.
+schedd, the collector and `squeue` (what this cycle observed); the controller adds its
+`CycleMemory` (what earlier cycles left); `provisioner.decide.plan.plan()` turns the two
+into a `Plan` whose `actions` the service applies.
 """
 
 from __future__ import annotations
@@ -124,6 +125,10 @@ class FailingStarts:
 
 @dataclass(frozen=True)
 class Snapshot:
+    """What one cycle observed: the idle demand, the pilots, which sites and schedds
+    could be read, the recent arrivals. Nothing remembered from earlier cycles is in it
+    (that is the `CycleMemory` beside it)."""
+
     demand: tuple[Demand, ...]
     pilots: tuple[Pilot, ...]
     sites: tuple[SiteView, ...]
@@ -132,57 +137,13 @@ class Snapshot:
     #: are missing (unknown, not empty). Readable demand is provisioned for; nothing is
     #: scaled down (`scale_down_ok`).
     schedds_unknown: tuple[str, ...] = ()
-    flagged: dict[str, float] = field(default_factory=dict)  # pilot key -> time it was flagged
-    # pilot key -> number of consecutive cycles it has been observed idle *before* this one
-    # (kept by the service; optional: when absent, a flagged pilot counts as idle once).
-    idle_cycles: dict[str, int] = field(default_factory=dict)
-    # Jobs submitted within the last `arrival_window_s` seconds (QDate >= now - window) that
-    # are still in the queue, any state, grouped by shape (`Demand.idle` holds the count).
-    # Sizes the predictive reserve (`policy.reserve`); empty or window 0 = no reserve.
+    #: Jobs submitted within the arrival window (`CycleMemory.arrival_window_s`: QDate >=
+    #: now - window) that are still in the queue, any state, grouped by shape
+    #: (`Demand.idle` holds the count). Sizes the predictive reserve (`policy.reserve`).
     recent_arrivals: tuple[Demand, ...] = ()
-    arrival_window_s: float = 0.0
-    # Jobs submitted before the window that left the queue during it (finished, removed,
-    # held): with the arrivals this gives the queue's net growth, so the reserve can grow
-    # ahead of a rising queue. None = unknown (e.g. the service just started); the reserve
-    # then assumes departures equal arrivals (a queue that is not growing).
-    recent_departures: int | None = None
-    # Submission time of the newest job in the queue (None: unknown or empty queue): the
-    # reserve decays once arrivals stop.
+    #: Submission time of the newest job in the queue (None: unknown or empty queue): the
+    #: reserve decays once arrivals stop.
     last_arrival_at: float | None = None
-    # Distinct times at which jobs arrived within `policy.reserve.evidence_s` (counted by
-    # the controller; None: not counted, taken as enough).
-    arrival_times: int | None = None
-    #: The largest reserve wanted over the last lead time (the controller's): the reserve
-    #: follows the queue down one lead time late, so noise in its estimate does not
-    #: release pilots that the next arrivals need.
-    reserve_hold: int = 0
-    #: Reserve shapes (cpus, gpus) whose reserve pilot ended by its no-claim shutdown ->
-    #: their recent arrivals then (the controller's `NoClaimWatch`): no reserve for them
-    #: until more have arrived.
-    reserve_spent: dict[tuple[int, int], int] = field(default_factory=dict)
-    #: Arrival rate (jobs/s) per shape (cpus, gpus) over ``reserve.evidence_s`` (the
-    #: controller's); a shape absent: rated from the window's arrivals alone.
-    shape_rates: dict[tuple[int, int], float] = field(default_factory=dict)
-    # What the controller carries between cycles (all optional for a plain snapshot):
-    #: site -> learnt lead time; sites absent use `policy.placement` defaults.
-    estimates: dict[str, SiteEstimate] = field(default_factory=dict)
-    #: pending pilot key -> consecutive earlier cycles in which no demand needed it.
-    unneeded_cycles: dict[str, int] = field(default_factory=dict)
-    #: pending pilots whose jobs were already placed elsewhere once (hedged).
-    hedged: frozenset[str] = frozenset()
-    #: site -> most new pilots allowed this cycle (circuit breaker); absent = no limit.
-    submit_limit: dict[str, int] = field(default_factory=dict)
-    #: site -> most new pilots its SLURM limits allow this cycle (a learnt submission or
-    #: job limit, a back-off after a busy sbatch, a refused configuration: 0); absent =
-    #: no limit known (`provisioner.decide.limits`).
-    limit_room: dict[str, int] = field(default_factory=dict)
-    #: sites whose circuit breaker is half-open: their pending pilot is the probe.
-    probing: frozenset[str] = frozenset()
-    #: DRAINING pilot (drained by someone else) with nothing running -> consecutive
-    #: earlier cycles seen so.
-    drained_cycles: dict[str, int] = field(default_factory=dict)
-    #: busy pilots told to leave when their jobs end (`Retire`), not withdrawn since.
-    retiring: frozenset[str] = frozenset()
     #: idle jobs whose last start failed, by shape (their real cause, for the reports;
     #: those not cooling down are in `demand` too: a pilot serves their next try).
     failing: tuple[FailingStarts, ...] = ()
@@ -192,6 +153,65 @@ class Snapshot:
         """The whole queue was read: a pilot may be flagged, released, retired or
         cancelled for want of demand."""
         return self.pool_known and not self.schedds_unknown
+
+
+@dataclass(frozen=True)
+class CycleMemory:
+    """What earlier cycles left for this one, as `plan()` reads it beside the `Snapshot`.
+
+    The controller (`provisioner.decide.controller.Controller`) keeps it between cycles
+    and hands it over with each observation; every field is optional: the default is a
+    first cycle, nothing remembered.
+    """
+
+    # -- the pilots' hysteresis: what earlier cycles decided about them
+    #: pilot key -> time it was flagged
+    flagged: dict[str, float] = field(default_factory=dict)
+    #: pilot key -> number of consecutive cycles it has been observed idle *before* this
+    #: one (absent: a flagged pilot counts as idle once).
+    idle_cycles: dict[str, int] = field(default_factory=dict)
+    #: pending pilot key -> consecutive earlier cycles in which no demand needed it.
+    unneeded_cycles: dict[str, int] = field(default_factory=dict)
+    #: pending pilots whose jobs were already placed elsewhere once (hedged).
+    hedged: frozenset[str] = frozenset()
+    #: DRAINING pilot (drained by someone else) with nothing running -> consecutive
+    #: earlier cycles seen so.
+    drained_cycles: dict[str, int] = field(default_factory=dict)
+    #: busy pilots told to leave when their jobs end (`Retire`), not withdrawn since.
+    retiring: frozenset[str] = frozenset()
+    # -- what was learnt of the sites
+    #: site -> learnt lead time; sites absent use `policy.placement` defaults.
+    estimates: dict[str, SiteEstimate] = field(default_factory=dict)
+    #: site -> most new pilots allowed this cycle (circuit breaker); absent = no limit.
+    submit_limit: dict[str, int] = field(default_factory=dict)
+    #: site -> most new pilots its SLURM limits allow this cycle (a learnt submission or
+    #: job limit, a back-off after a busy sbatch, a refused configuration: 0); absent =
+    #: no limit known (`provisioner.decide.limits`).
+    limit_room: dict[str, int] = field(default_factory=dict)
+    #: sites whose circuit breaker is half-open: their pending pilot is the probe.
+    probing: frozenset[str] = frozenset()
+    # -- the queue's history, for the predictive reserve (`provisioner.decide.reserve`)
+    #: The arrival window `Snapshot.recent_arrivals` covers (seconds; 0: no reserve).
+    arrival_window_s: float = 0.0
+    #: Jobs submitted before the window that left the queue during it (finished, removed,
+    #: held): with the arrivals this gives the queue's net growth, so the reserve can grow
+    #: ahead of a rising queue. None = unknown (e.g. the service just started); the
+    #: reserve then assumes departures equal arrivals (a queue that is not growing).
+    recent_departures: int | None = None
+    #: Distinct times at which jobs arrived within `policy.reserve.evidence_s` (None: not
+    #: counted, taken as enough).
+    arrival_times: int | None = None
+    #: The largest reserve wanted over the last lead time: the reserve follows the queue
+    #: down one lead time late, so noise in its estimate does not release pilots that the
+    #: next arrivals need.
+    reserve_hold: int = 0
+    #: Reserve shapes (cpus, gpus) whose reserve pilot ended by its no-claim shutdown ->
+    #: their recent arrivals then (`NoClaimWatch`): no reserve for them until more have
+    #: arrived.
+    reserve_spent: dict[tuple[int, int], int] = field(default_factory=dict)
+    #: Arrival rate (jobs/s) per shape (cpus, gpus) over ``reserve.evidence_s``; a shape
+    #: absent: rated from the window's arrivals alone.
+    shape_rates: dict[tuple[int, int], float] = field(default_factory=dict)
 
 
 # Actions: returned as data, applied by the service.

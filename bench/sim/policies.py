@@ -1,7 +1,8 @@
 """Pilot policies for the simulator: ours (`plan()`), and the two baselines sites use today.
 
 - `PlanPolicy`: the service's decision core, `provisioner.decide.controller.Controller`, called
-  exactly as the service calls it: a cheap probe every `quick_check_s` (the pilots' ads
+  exactly as the service calls it, through the same tick driver
+  (`provisioner.service.ticker`): a cheap probe every `quick_check_s` (the pilots' ads
   every `join_check_s` while pilots join, asking for a negotiation when one joins while
   jobs wait), a full cycle when the controller says one is due, on a snapshot of the world.
 - `PrototypePolicy`: the original loop. Every 300 s: if any job is idle, submit one
@@ -22,8 +23,40 @@ from bench.sim.world import World
 from provisioner.config import Config
 from provisioner.decide.cadence import Probe
 from provisioner.decide.controller import Controller, QueueSize
-from provisioner.model import Action, PilotState, Release, Submit
+from provisioner.model import Action, PilotState, Release, Snapshot, Submit
 from provisioner.service.submitter import submit_all
+from provisioner.service.ticker import decide, tick
+
+
+@dataclass(frozen=True)
+class WorldView:
+    """What a full cycle of `PlanPolicy` observed (a `provisioner.service.ticker.Seen`)."""
+
+    snapshot: Snapshot
+    queue: QueueSize | None
+    idle_ads: frozenset[str] | None = None  # the snapshot's idle pilots
+
+
+class WorldSenses:
+    """The simulated world as the tick sequence reads it (`provisioner.service.ticker.Senses`)."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+
+    def idle_pilots(self) -> frozenset[str]:
+        return frozenset(p.key for p in self.world.pilots.values()
+                         if p.booted and not p.draining and not p.jobs)
+
+    def probe(self) -> Probe:
+        return Probe(self.world.idle_jobs(), self.idle_pilots())
+
+    def reschedule(self) -> None:
+        self.world.reschedule()
+
+    def observe(self, now: float, since: float | None) -> WorldView:
+        snapshot = self.world.snapshot(arrivals_since=since)
+        queue = QueueSize(*self.world.queue_size(since)) if since is not None else None
+        return WorldView(snapshot, queue)
 
 
 class PlanPolicy:
@@ -50,21 +83,10 @@ class PlanPolicy:
         self.controller.submitted(p.key for p in world.all_pilots[self._submitted:])
         self._submitted = len(world.all_pilots)
         self.planned = []
-        look = self.controller.look(now)
-        if not look:
+        senses = WorldSenses(world)
+        if not tick(self.controller, senses, now).reason:  # as the service's timer
             return []
-        idle_pilots = frozenset(
-            p.key for p in world.pilots.values() if p.booted and not p.draining and not p.jobs
-        )
-        idle = world.idle_jobs() if look == "probe" else None
-        if self.controller.reschedule_due(idle_pilots, idle):
-            world.reschedule()
-        if idle is None or not self.controller.due(now, Probe(idle, idle_pilots)):
-            return []
-        since = self.controller.arrivals_since(now)
-        snap = world.snapshot(arrivals_since=since)
-        queue = QueueSize(*world.queue_size(since)) if since is not None else None
-        actions = list(self.controller.cycle(snap, now, queue).actions)
+        actions = list(decide(self.controller, senses, now).plan.actions)
         self.planned = actions
         if not self.learn:
             return actions

@@ -11,7 +11,7 @@ from provisioner.config import (
     PolicyConfig,
     SiteConfig,
 )
-from provisioner.model import Demand, JobShape, Pilot, PilotState, SiteView, Snapshot
+from provisioner.model import CycleMemory, Demand, JobShape, Pilot, PilotState, SiteView, Snapshot
 
 
 def synthetic_config(n_sites: int = 10) -> Config:
@@ -37,10 +37,11 @@ def synthetic_snapshot(
     n_pilots: int = 5_000,
     n_sites: int = 10,
     now: float = 1_000_000.0,
-) -> tuple[Snapshot, Config]:
+) -> tuple[Snapshot, CycleMemory, Config]:
     """`n_jobs` idle jobs spread over `n_shapes` distinct shapes, `n_pilots` pilots in all
-    states over `n_sites` sites (including some unmatchable shapes and flagged pilots), and
-    recent arrivals in every shape (so the reserve is part of the timed work)."""
+    states over `n_sites` sites (including some unmatchable shapes), recent arrivals in
+    every shape (so the reserve is part of the timed work), and a memory with some
+    pilots flagged and a 15-minute arrival window."""
     rng = random.Random(seed)
     config = synthetic_config(n_sites)
     shapes: dict[JobShape, None] = {}
@@ -90,6 +91,5 @@ def synthetic_snapshot(
                   for i, s in enumerate(config.sites))
     # jobs submitted in the last 15 minutes, in every shape: the predictive reserve runs too
     arrivals = tuple(Demand(s, rng.randint(1, 20)) for s in ordered)
-    snap = Snapshot(demand=demand, pilots=tuple(pilots), sites=views, flagged=flagged,
-                    recent_arrivals=arrivals, arrival_window_s=900.0)
-    return snap, config
+    snap = Snapshot(demand=demand, pilots=tuple(pilots), sites=views, recent_arrivals=arrivals)
+    return snap, CycleMemory(flagged=flagged, arrival_window_s=900.0), config

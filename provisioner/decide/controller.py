@@ -6,9 +6,18 @@ idle observations, the cadence mark of the last full cycle, the queue history th
 reserve's departures, the releases sent and not yet finished. It does no I/O and reads no
 clock: every method takes `now`. The service (`provisioner.service.loop.Provisioner`) observes,
 asks the controller, and acts; the simulator (`bench.sim.policies.PlanPolicy`) does the same
-against its virtual world, so both run the very same cycle.
+against its virtual world, so both run the very same cycle (both through the one tick driver,
+`provisioner.service.ticker`).
 
-Contract of one cycle, in order:
+What `plan()` reads of all this is one record, `CycleMemory`, handed to it beside the
+observation: ``plan(snapshot, memory, config, now)``. The snapshot holds only what this cycle
+observed; `prepare` builds the memory from the last cycle's decisions (`Controller.memory`:
+flags, idle observations, unneeded and drained counts, hedges, retirements) and what the
+controller's learners know at `now` (lead times, circuit breakers, SLURM limits, the queue's
+history for the reserve).
+
+Contract of one cycle, in order (steps 0-4 are `provisioner.service.ticker`'s `tick` and
+`decide`, which the service and the simulator both call):
 
 0. At every timer tick (`check_period()`), ``controller.look(now)`` says what to read:
    pilot ads (and, for "probe", the idle job count); ``controller.reschedule_due(...)``
@@ -17,9 +26,10 @@ Contract of one cycle, in order:
 1. ``reason = controller.due(now, probe)``: whether a full cycle runs now ("" = not).
 2. ``since = controller.arrivals_since(now)``: the start of the arrival window to query
    (None: the reserve is off, do not query arrivals).
-3. Observe into a `Snapshot` (its `flagged`/`idle_cycles` are filled in by the controller).
+3. Observe into a `Snapshot`: what this cycle saw, nothing remembered.
 4. ``plan = controller.cycle(snapshot, now, QueueSize(total, older))``: decides (calls the
-   pure `plan()`) and carries the state over to the next cycle. Apply `plan.actions`.
+   pure ``plan(snapshot, memory, config, now)`` with the memory `prepare` builds) and
+   carries the state over to the next cycle. Apply `plan.actions`.
 5. After pilots were submitted: ``controller.submitted(keys)`` (the circuit breaker
    follows them from then on, even if one starts and dies before the next cycle looks).
    Each `Submit` sent, with the job ids it got and the error that stopped it:
@@ -54,6 +64,7 @@ from provisioner.errors import BackendError
 from provisioner.model import (
     Action,
     Cancel,
+    CycleMemory,
     Pilot,
     PilotState,
     Plan,
@@ -108,8 +119,9 @@ class Controller:
     """Pure cycle state; see the module docstring for the calling contract."""
 
     config: Config
-    flagged: dict[str, float] = field(default_factory=dict)
-    idle_cycles: dict[str, int] = field(default_factory=dict)
+    #: what the last cycle decided to carry over (flags, idle observations, unneeded and
+    #: drained counts, hedges, retirements); `prepare` adds what is learnt at each cycle
+    memory: CycleMemory = field(default_factory=CycleMemory)
     releases: dict[str, ReleaseMark] = field(default_factory=dict)
     mark: CycleMark | None = None
     probed: Probe | None = None  # the last quick check's probe
@@ -120,10 +132,6 @@ class Controller:
     breakers: SiteBreakers = field(init=False)
     #: shapes idle beside fitting unclaimed pilots, and those found stuck
     stuck: StuckGroups = field(init=False)
-    unneeded: dict[str, int] = field(default_factory=dict)  # pending key -> cycles unneeded
-    hedged: set[str] = field(default_factory=set)
-    drained: dict[str, int] = field(default_factory=dict)  # drained-empty key -> cycles
-    retiring: set[str] = field(default_factory=set)  # busy pilots told to leave when done
     arrivals: deque[float] = field(default_factory=deque)  # distinct arrival times
     reserves: deque[tuple[float, int]] = field(default_factory=deque)  # (time, wanted)
     #: reserve pilots that ended unclaimed, and their shapes' arrivals then
@@ -133,7 +141,9 @@ class Controller:
     transitions: list[str] = field(default_factory=list)
     cycles: int = 0
     limits: SiteLimits = field(default_factory=SiteLimits)  # what SLURM's refusals taught
-    planned: Snapshot | None = None  # the last committed cycle's prepared snapshot
+    #: the last cycle's input to `plan()`: its snapshot (stuck shapes marked) and memory
+    #: (`replan` places anew from it; the service's cycle line reads the memory)
+    planned: tuple[Snapshot, CycleMemory] | None = None
     #: this cycle's pilots submitted so far (as pending pilots) and sites that failed
     just_sent: list[Pilot] = field(default_factory=list)
     failed_sites: set[str] = field(default_factory=set)
@@ -154,7 +164,7 @@ class Controller:
         shapes found stuck. The service persists it (journal key "controller");
         `provisioner status` reads the breakers, estimates and stuck shapes from there."""
         return {"estimates": self.estimates.to_dict(), "breakers": self.breakers.to_dict(),
-                "retiring": sorted(self.retiring), "waits_counted": self.estimates.counted(),
+                "retiring": sorted(self.memory.retiring), "waits_counted": self.estimates.counted(),
                 "stuck": self.stuck.to_list(), "limits": self.limits.to_dict()}
 
     def load(self, data: dict[str, Any] | None) -> None:
@@ -171,7 +181,8 @@ class Controller:
             self.stuck.load(stuck)
         retiring = data.get("retiring")
         if isinstance(retiring, list):
-            self.retiring = {k for k in retiring if isinstance(k, str) and "/" in k}
+            self.memory = replace(self.memory, retiring=frozenset(
+                k for k in retiring if isinstance(k, str) and "/" in k))
 
     # -- cadence -----------------------------------------------------------------------
     def due(self, now: float, probe: Probe) -> str:
@@ -236,20 +247,23 @@ class Controller:
         `idle_ads`: the idle pilots as the quick check sees them (startd ads, a ghost's
         included; None: the snapshot's idle pilots), for the cadence mark. With
         `commit=False` (a dry run) nothing is remembered."""
-        snap = self.prepare(snapshot, now, queue, commit)
-        result = plan(snap, self.config, now)
+        snap, memory = self.prepare(snapshot, now, queue, commit)
+        result = plan(snap, memory, self.config, now)
+        self.planned = (snap, memory)
         if commit:
-            self.planned, self.just_sent, self.failed_sites = snap, [], set()
-            self.remember(snap, result, now, idle_ads)
+            self.just_sent, self.failed_sites = [], set()
+            self.remember(snap, memory, result, now, idle_ads)
         return result
 
     def prepare(self, snapshot: Snapshot, now: float, queue: QueueSize | None = None,
-                commit: bool = True) -> Snapshot:
-        """`snapshot` with the carried state filled in: flags, idle observations, the
-        arrival window and the departures during it, the learnt site estimates, pending
-        pilots' unneeded cycles and hedges, circuit-breaker limits, drained pilots, and
-        stuck shapes marked as matching no site (`provisioner.decide.stuck`). With `commit`,
-        this cycle's pilots and idle shapes are learnt from first."""
+                commit: bool = True) -> tuple[Snapshot, CycleMemory]:
+        """What `plan()` is given for `snapshot` observed at `now`: the snapshot, its
+        stuck shapes marked as matching no site (`provisioner.decide.stuck`), and the
+        `CycleMemory`: the last cycle's (flags, idle observations, pending pilots'
+        unneeded cycles and hedges, retirements), drained pilots counted, and what was
+        learnt brought up to `now` (the arrival window and the departures during it, the
+        site estimates, circuit-breaker and SLURM limits, the reserve's history). With
+        `commit`, this cycle's pilots, idle shapes and arrivals are learnt from first."""
         known = {v.name for v in snapshot.sites if v.known}
         seen = [p for p in snapshot.pilots if p.site in known]
         since, size_then = self.history.baseline(now, self.window(now))  # as arrivals_since
@@ -277,7 +291,7 @@ class Controller:
         for p in seen:
             if p.state in (PilotState.PENDING, PilotState.STARTING):
                 in_flight[p.site] = in_flight.get(p.site, 0) + 1
-        drained = {p.key: self.drained.get(p.key, 0) for p in snapshot.pilots
+        drained = {p.key: self.memory.drained_cycles.get(p.key, 0) for p in snapshot.pilots
                    if drained_empty(p) and p.key not in self.releases}
         window, left = 0.0, None
         if snapshot.pool_known and queue is not None:
@@ -287,21 +301,19 @@ class Controller:
                 window = now - since
                 left = departures(size_then, queue.older)
         snap = replace(snapshot, demand=self.stuck.mark(snapshot.demand),
-                       recent_arrivals=self.stuck.mark(snapshot.recent_arrivals),
-                       flagged=dict(self.flagged), idle_cycles=dict(self.idle_cycles),
-                       arrival_window_s=window if snapshot.recent_arrivals else 0.0,
-                       recent_departures=left, estimates=dict(self.estimates.sites),
-                       unneeded_cycles=dict(self.unneeded), hedged=frozenset(self.hedged),
-                       submit_limit=self.breakers.limits(now, in_flight), drained_cycles=drained,
-                       limit_room=self.limits.rooms(_held(snapshot.pilots),
-                                                    self.config.site_names, now),
-                       probing=self.breakers.probing(), retiring=frozenset(self.retiring),
-                       arrival_times=len(self.arrivals),
-                       reserve_hold=max((n for _t, n in self.reserves), default=0),
-                       reserve_spent=self.noclaim.limits())
+                       recent_arrivals=self.stuck.mark(snapshot.recent_arrivals))
+        window = window if snapshot.recent_arrivals else 0.0
         if commit and snap.scale_down_ok:  # rates from the whole queue only
-            self.rates.observe(snap, self.config, now)
-        return replace(snap, shape_rates=self.rates.rates(now))
+            self.rates.observe(snap, window, self.config, now)
+        memory = replace(
+            self.memory, drained_cycles=drained, estimates=dict(self.estimates.sites),
+            submit_limit=self.breakers.limits(now, in_flight),
+            limit_room=self.limits.rooms(_held(snapshot.pilots), self.config.site_names, now),
+            probing=self.breakers.probing(), arrival_window_s=window, recent_departures=left,
+            arrival_times=len(self.arrivals),
+            reserve_hold=max((n for _t, n in self.reserves), default=0),
+            reserve_spent=self.noclaim.limits(), shape_rates=self.rates.rates(now))
+        return snap, memory
 
     def _count_arrival(self, newest: float | None, now: float) -> None:
         """Remember the newest job's submission time if it is new, that is later than
@@ -313,35 +325,40 @@ class Controller:
         while self.arrivals and self.arrivals[0] < now - self.config.policy.reserve.evidence_s:
             self.arrivals.popleft()
 
-    def remember(self, snapshot: Snapshot, result: Plan, now: float,
+    def remember(self, snapshot: Snapshot, memory: CycleMemory, result: Plan, now: float,
                  idle_ads: frozenset[str] | None = None) -> None:
-        """Carry flags, idle observations, unneeded and drained counts and hedges over,
-        and set the cadence mark."""
-        self.flagged, self.idle_cycles = carry_over(snapshot, result, now)
+        """Carry flags, idle observations, unneeded and drained counts, hedges and
+        retirements over into `self.memory` (from the cycle that planned `result` on
+        `snapshot` and `memory`), and set the cadence mark."""
+        last = self.memory
+        flagged, idle_cycles = carry_over(snapshot, memory, result, now)
+        unneeded, hedged = last.unneeded_cycles, last.hedged
+        drained, retiring = last.drained_cycles, set(last.retiring)
         self.reserves.append((now, result.reserve_sized))
         while self.reserves and self.reserves[0][0] <= now - result.reserve_lead_s:
             self.reserves.popleft()
         if snapshot.scale_down_ok:  # counts towards a scale-down from the whole queue only
             known = {v.name for v in snapshot.sites if v.known}
             present = {p.key for p in snapshot.pilots}
-            kept = {k: n for k, n in snapshot.unneeded_cycles.items()
-                    if k in present and k.split("/", 1)[0] not in known}
-            kept.update({k: snapshot.unneeded_cycles.get(k, 0) + 1 for k in result.unneeded})
-            self.unneeded = kept
-            self.hedged = (self.hedged | set(result.hedges)) & present
-            self.drained = {k: n + 1 for k, n in snapshot.drained_cycles.items()}
+            unneeded = {k: n for k, n in memory.unneeded_cycles.items()
+                        if k in present and k.split("/", 1)[0] not in known}
+            unneeded.update({k: memory.unneeded_cycles.get(k, 0) + 1 for k in result.unneeded})
+            hedged = (last.hedged | set(result.hedges)) & present
+            drained = {k: n + 1 for k, n in memory.drained_cycles.items()}
             self.noclaim.after(snapshot, result.actions, result.reserve_jobs)
-            self.retiring = {k for k in self.retiring
-                             if k in present or k.split("/", 1)[0] not in known}
+            retiring = {k for k in retiring if k in present or k.split("/", 1)[0] not in known}
             for a in result.actions:
                 if isinstance(a, Cancel) and a.pilot.state is PilotState.PENDING:
                     # withdrawn, not failed (if it started meanwhile, it stays and the
                     # next cycle follows it again)
                     self.breakers.withdraw(a.pilot.key)
                 elif isinstance(a, Retire):
-                    self.retiring.add(a.pilot.key)
+                    retiring.add(a.pilot.key)
                 elif isinstance(a, Unretire):
-                    self.retiring.discard(a.pilot.key)
+                    retiring.discard(a.pilot.key)
+        self.memory = CycleMemory(flagged=flagged, idle_cycles=idle_cycles,
+                                  unneeded_cycles=unneeded, hedged=frozenset(hedged),
+                                  drained_cycles=drained, retiring=frozenset(retiring))
         self.mark = CycleMark(
             at=now, idle_jobs=sum(d.idle for d in snapshot.demand),
             # as the quick check will see them, or a ghost ad would look newly idle at
@@ -349,7 +366,7 @@ class Controller:
             idle_pilots=idle_ads if idle_ads is not None else frozenset(
                 p.key for p in snapshot.pilots if p.state is PilotState.IDLE),
             # drained pilots await their next observation as flagged ones do
-            flagged=len(self.flagged) + len(self.drained), unplaced=result.unplaced_jobs,
+            flagged=len(flagged) + len(drained), unplaced=result.unplaced_jobs,
             reserve=result.reserve_jobs, joining=_joining(snapshot, result))
         self.cycles += 1
 
@@ -392,10 +409,12 @@ class Controller:
     def not_sent(self, action: Action) -> None:
         """A `Retire` or `Unretire` of this cycle could not be sent: the pilot keeps its
         former order, so the next cycle decides (and sends) again."""
+        retiring = self.memory.retiring
         if isinstance(action, Retire):
-            self.retiring.discard(action.pilot.key)
+            retiring = retiring - {action.pilot.key}
         elif isinstance(action, Unretire):
-            self.retiring.add(action.pilot.key)
+            retiring = retiring | {action.pilot.key}
+        self.memory = replace(self.memory, retiring=retiring)
 
     def cancelled(self, key: str) -> None:
         """The SLURM job of released pilot `key` was cancelled: stop following it."""
@@ -417,7 +436,7 @@ class Controller:
             return f"{action.site}: sbatch accepted again" if self.limits.submitted(
                 action.site) else ""
         self.failed_sites.add(action.site)
-        pilots = (self.planned.pilots if self.planned is not None else ()) + tuple(
+        pilots = (self.planned[0].pilots if self.planned is not None else ()) + tuple(
             self.just_sent)
         return self.limits.refused(action.site, error, _held(pilots).get(action.site, 0), now)
 
@@ -431,9 +450,9 @@ class Controller:
         failed sites were to take at the other sites (what was submitted so far counts as
         pending pilots, within this cycle's caps). Only `Submit`s; nothing is remembered
         (the next cycle sees the new pilots in squeue)."""
-        snap = self.planned
-        if snap is None or not self.failed_sites:
+        if self.planned is None or not self.failed_sites:
             return []
+        snap, memory = self.planned
         pilots = snap.pilots + tuple(self.just_sent)
         room = self.limits.rooms(_held(pilots), self.config.site_names, now)
         sent = _held(self.just_sent)
@@ -445,7 +464,8 @@ class Controller:
         left = max(0, policy.max_submit_per_cycle - len(self.just_sent))
         config = self.config.model_copy(update={"policy": policy.model_copy(
             update={"max_submit_per_cycle": left})})
-        result = plan(replace(snap, pilots=pilots, limit_room=room), config, now)
+        result = plan(replace(snap, pilots=pilots), replace(memory, limit_room=room), config,
+                      now)
         return [a for a in result.submits if a.site not in self.failed_sites]
 
 

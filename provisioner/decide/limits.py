@@ -16,7 +16,7 @@ SLURM's refusals are signals, each of its own kind (`provisioner.sites.base`):
   refusal: the site's sbatch is *backed off*, ``base_s * 2**(n-1)`` up to `max_s`.
 
 `rooms()` gives, per site, the most new pilots these allow this cycle; the controller puts
-them in `Snapshot.limit_room`, and `plan()` counts them with the site's caps. Each change
+them in `CycleMemory.limit_room`, and `plan()` counts them with the site's caps. Each change
 of a site's state is one line for the log (returned, never logged here).
 """
 

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from provisioner.config import Config, PlacementConfig
 from provisioner.decide.matching import Row
-from provisioner.model import PilotState, SiteEstimate, Snapshot
+from provisioner.model import CycleMemory, PilotState, SiteEstimate, Snapshot
 
 
 def estimate_of(site: str, estimates: Mapping[str, SiteEstimate],
@@ -34,7 +34,8 @@ def estimate_of(site: str, estimates: Mapping[str, SiteEstimate],
     return SiteEstimate(wait, known.boot_s if known else placement.default_boot_s, 0)
 
 
-def site_leads(snapshot: Snapshot, config: Config, now: float) -> dict[str, float]:
+def site_leads(snapshot: Snapshot, memory: CycleMemory, config: Config,
+               now: float) -> dict[str, float]:
     """Per site: expected seconds from a submission now to a usable slot: the expected
     queue wait plus boot. Pending pilots are censored observations: when even the
     youngest pending pilot has waited longer than the estimate, the wait is raised toward
@@ -48,7 +49,7 @@ def site_leads(snapshot: Snapshot, config: Config, now: float) -> dict[str, floa
             youngest[p.site] = min(youngest.get(p.site, age), age)
     out = {}
     for s in config.sites:
-        est = estimate_of(s.name, snapshot.estimates, placement)
+        est = estimate_of(s.name, memory.estimates, placement)
         beyond = max(0.0, youngest.get(s.name, 0.0) - est.wait_s)
         out[s.name] = est.wait_s + beyond / (1 + min(est.samples, 10)) + est.boot_s
     return out
@@ -60,8 +61,8 @@ def costs_of(leads: Mapping[str, float], config: Config) -> dict[str, float]:
             for s in config.sites}
 
 
-def slow_pending(snapshot: Snapshot, config: Config, now: float, leads: Mapping[str, float],
-                 open_sites: Iterable[str]) -> dict[str, str]:
+def slow_pending(snapshot: Snapshot, memory: CycleMemory, config: Config, now: float,
+                 leads: Mapping[str, float], open_sites: Iterable[str]) -> dict[str, str]:
     """Pending pilots that no longer count as capacity (key -> site): expected to be
     usable later than a new pilot at the quickest site that can take one now, plus
     ``hedge_margin_s``. A pilot's remaining wait is its site's expected wait less its age,
@@ -72,7 +73,7 @@ def slow_pending(snapshot: Snapshot, config: Config, now: float, leads: Mapping[
     if best == math.inf:
         return {}
     placement = config.policy.placement
-    estimates = {name: estimate_of(name, snapshot.estimates, placement) for name in known}
+    estimates = {name: estimate_of(name, memory.estimates, placement) for name in known}
     out = {}
     for p in snapshot.pilots:
         if p.state is not PilotState.PENDING or p.site not in known:

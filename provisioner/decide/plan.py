@@ -1,4 +1,7 @@
-"""The decision core: `plan(snapshot, config, now) -> Plan`. Pure: no I/O, no clock.
+"""The decision core: `plan(snapshot, memory, config, now) -> Plan`. Pure: no I/O, no clock.
+
+`snapshot` is what this cycle observed, `memory` what earlier cycles left (`CycleMemory`:
+flags, learnt lead times, limits, the queue's history; the controller keeps it).
 
 One cycle, as named stages over small records (a `Row` per demand shape, a `SiteRow` per
 site):
@@ -57,6 +60,7 @@ from provisioner.decide.scaledown import carry_over, pilot_actions
 from provisioner.model import (
     Action,
     Cap,
+    CycleMemory,
     Pilot,
     PilotState,
     Plan,
@@ -150,7 +154,7 @@ def _end(p: Pilot, walltime_s: int, margin_s: int, now: float) -> float | None:
     return end
 
 
-def site_rows(snapshot: Snapshot, config: Config) -> dict[str, SiteRow]:
+def site_rows(snapshot: Snapshot, memory: CycleMemory, config: Config) -> dict[str, SiteRow]:
     """One `SiteRow` per configured site with its pilot counts, its room for new pilots
     (the tightest of its caps, its circuit breaker and its SLURM limits; none at a site
     not read this cycle) and an empty `NewPilots`."""
@@ -173,10 +177,10 @@ def site_rows(snapshot: Snapshot, config: Config) -> dict[str, SiteRow]:
             Cap.MAX_PENDING: caps.max_pending - s.pending,
             Cap.SITE_MAX_SUBMIT: caps.max_submit_per_cycle,
         }
-        limit = snapshot.submit_limit.get(s.name)
+        limit = memory.submit_limit.get(s.name)
         if limit is not None:
             s.room[Cap.BREAKER] = limit
-        limit = snapshot.limit_room.get(s.name)
+        limit = memory.limit_room.get(s.name)
         if limit is not None:
             s.room[Cap.SLURM_LIMITS] = limit
         allowed = max(0, min(s.room.values())) if s.known else 0
@@ -398,27 +402,28 @@ def submissions(sites: Iterable[SiteRow], demand: Sequence[Row], global_room: in
     return actions, summaries
 
 
-def plan(snapshot: Snapshot, config: Config, now: float) -> Plan:
-    """Decide this cycle's actions. Pure; `now` is the cycle's time (epoch seconds)."""
+def plan(snapshot: Snapshot, memory: CycleMemory, config: Config, now: float) -> Plan:
+    """Decide this cycle's actions from what it observed (`snapshot`) and what earlier
+    cycles left (`memory`). Pure; `now` is the cycle's time (epoch seconds)."""
     if not snapshot.pool_known:
         return Plan(actions=())
-    leads = site_leads(snapshot, config, now)
+    leads = site_leads(snapshot, memory, config, now)
     costs = costs_of(leads, config)
     # stable: config order; a tuple, so that matching reads the sites' limits once
     order = tuple(sorted(config.sites, key=lambda s: costs[s.name]))
-    sites = site_rows(snapshot, config)
+    sites = site_rows(snapshot, memory, config)
     sites = {s.name: sites[s.name] for s in order}
     # pending pilots a new one elsewhere would beat: no capacity (their jobs are placed
     # anew, once: the new pilots are capacity themselves), kept while demand they could
     # run is queued
     can_submit = [name for name, s in sites.items() if s.new is not None and s.new.allowed]
-    late = (slow_pending(snapshot, config, now, leads, can_submit)
+    late = (slow_pending(snapshot, memory, config, now, leads, can_submit)
             if config.policy.max_submit_per_cycle > 0 else {})
     registry: list[BinGroup] = []
     add_capacity(sites, snapshot, now, registry, skip=late)
 
     rows, unmatchable = match_demand(snapshot.demand, order)
-    ghosts, sized = reserve_rows(snapshot, config, order, now)
+    ghosts, sized = reserve_rows(snapshot, memory, config, order, now)
     everything = rows + ghosts
     floor = Item(cpus=min((r.item.cpus for r in everything), default=1),
                  memory_mb=min((r.item.memory_mb for r in everything), default=0))
@@ -439,7 +444,8 @@ def plan(snapshot: Snapshot, config: Config, now: float) -> Plan:
     spare = (not actions and not reserve and not any(r.left for r in rows)
              and not any(p.key in used for p in snapshot.pilots
                          if p.state in (PilotState.PENDING, PilotState.STARTING)))
-    down, unneeded = pilot_actions(snapshot, config, now, used, site_ok, bool(actions), spare)
+    down, unneeded = pilot_actions(snapshot, memory, config, now, used, site_ok, bool(actions),
+                                    spare)
     return Plan(
         actions=tuple(actions + down),
         unmatchable=tuple(unmatchable),
@@ -448,7 +454,7 @@ def plan(snapshot: Snapshot, config: Config, now: float) -> Plan:
         reserve_jobs=reserve,
         reserve_held=reserve - sum(r.left for r in ghosts),
         reserve_sized=sized,
-        reserve_lead_s=reserve_lead(snapshot, config) if ghosts or sized else 0.0,
+        reserve_lead_s=reserve_lead(memory, config) if ghosts or sized else 0.0,
         unneeded=tuple(unneeded),
-        hedges=tuple(sorted(set(late) - snapshot.hedged)) if actions else (),
+        hedges=tuple(sorted(set(late) - memory.hedged)) if actions else (),
     )

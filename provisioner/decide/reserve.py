@@ -13,15 +13,25 @@ from dataclasses import dataclass, field
 
 from provisioner.config import Config, SiteConfig
 from provisioner.decide.matching import Row, fitting_sites, item_of, matched_sites
-from provisioner.model import Action, Cancel, JobShape, Pilot, PilotState, Release, Retire, Snapshot
+from provisioner.model import (
+    Action,
+    Cancel,
+    CycleMemory,
+    JobShape,
+    Pilot,
+    PilotState,
+    Release,
+    Retire,
+    Snapshot,
+)
 
 
-def reserve_lead(snapshot: Snapshot, config: Config) -> float:
+def reserve_lead(memory: CycleMemory, config: Config) -> float:
     """The reserve's lead time: from a slot being taken to a new pilot taking jobs, at
     the quickest site that has learnt its queue: one quick check, its expected queue
     wait and boot time; ``reserve.lead_s`` while no site has learnt one."""
     learnt = [config.policy.quick_check_s + e.wait_s + e.boot_s
-              for e in snapshot.estimates.values() if e.samples > 0]
+              for e in memory.estimates.values() if e.samples > 0]
     return min(learnt, default=config.policy.reserve.lead_s)
 
 
@@ -110,10 +120,10 @@ def _poisson(mean: float, top: int) -> list[float]:
 _Key = tuple[int, int, tuple[str, ...], tuple[str, ...]]
 
 
-def reserve_rows(snapshot: Snapshot, config: Config, sites: Sequence[SiteConfig],
-                 now: float) -> tuple[list[Row], int]:
+def reserve_rows(snapshot: Snapshot, memory: CycleMemory, config: Config,
+                 sites: Sequence[SiteConfig], now: float) -> tuple[list[Row], int]:
     """The reserve as rows (marked `reserve`), largest first, and the size the arrivals
-    ask for (before `Snapshot.reserve_hold`).
+    ask for (before `CycleMemory.reserve_hold`).
 
     Recently arrived matchable jobs are grouped by (cpus, gpus, DesiredSites, the sites
     whose pilot matches their Requirements); a group's
@@ -121,28 +131,28 @@ def reserve_rows(snapshot: Snapshot, config: Config, sites: Sequence[SiteConfig]
     fits any recent job of that group. The reserve is split over the groups in proportion
     to the square root of their arrivals (largest remainder). Jobs that arrived at fewer
     than ``min_arrival_times`` distinct times are no rate: no reserve. The size is at least
-    `Snapshot.reserve_hold` while any arrival is in the window."""
-    times = snapshot.arrival_times
+    `CycleMemory.reserve_hold` while any arrival is in the window."""
+    times = memory.arrival_times
     if times is not None and times < config.policy.reserve.min_arrival_times:
         return [], 0
-    counts, memory = _groups(snapshot, sites)
-    lead = reserve_lead(snapshot, config)
-    counts, worth = _worth_reserving(counts, snapshot, config, sites, lead)
+    counts, largest_mb = _groups(snapshot, sites)
+    lead = reserve_lead(memory, config)
+    counts, worth = _worth_reserving(counts, memory, config, sites, lead)
     total = sum(counts.values())
     last = snapshot.last_arrival_at
     quiet = 0.0 if last is None else max(0.0, now - last)
-    size = reserve_size(total, snapshot.arrival_window_s, config, snapshot.recent_departures,
+    size = reserve_size(total, memory.arrival_window_s, config, memory.recent_departures,
                         quiet, lead)
     if total == 0:
         return [], 0
-    quota = _split_within(max(size, min(snapshot.reserve_hold,
+    quota = _split_within(max(size, min(memory.reserve_hold,
                                         config.policy.reserve.max_jobs)), counts, worth)
     rows: list[Row] = []
     for key, n in quota.items():
         if n <= 0:
             continue
         cpus, gpus, desired, matched = key
-        shape = JobShape(cpus, memory[key], gpus=gpus, desired_sites=desired)
+        shape = JobShape(cpus, largest_mb[key], gpus=gpus, desired_sites=desired)
         item = item_of(shape)
         fits = [name for name in fitting_sites(shape, sites, item)
                 if not matched or name in matched]
@@ -171,7 +181,7 @@ def _groups(snapshot: Snapshot, sites: Sequence[SiteConfig]
     return counts, memory
 
 
-def _worth_reserving(counts: Counter[_Key], snapshot: Snapshot, config: Config,
+def _worth_reserving(counts: Counter[_Key], memory: CycleMemory, config: Config,
                      sites: Sequence[SiteConfig], lead: float
                      ) -> tuple[Counter[_Key], dict[_Key, int]]:
     """The groups a reserve slot pays for, and how many slots of each pay at most (groups
@@ -185,10 +195,10 @@ def _worth_reserving(counts: Counter[_Key], snapshot: Snapshot, config: Config,
     job is likely (``reserve.min_use_chance``) to arrive within the no-claim time of a
     pilot where it would wait (the shortest among the group's sites); and no reserve
     pilot of its shape ended unclaimed since the group's last arrivals
-    (`Snapshot.reserve_spent`). A group kept for the price that shares room with another
+    (`CycleMemory.reserve_spent`). A group kept for the price that shares room with another
     kept group holds at most the slots that each pay (`slots_worth`); one alone holds
     what the size gives it."""
-    window = snapshot.arrival_window_s
+    window = memory.arrival_window_s
     chance = config.policy.reserve.min_use_chance
     leads = config.policy.reserve.max_idle_leads
     noclaim = {s.name: s.runtime.noclaim_shutdown_s for s in sites}
@@ -200,13 +210,13 @@ def _worth_reserving(counts: Counter[_Key], snapshot: Snapshot, config: Config,
     kept: list[tuple[int, set[str]]] = []  # (gpus, sites) of the groups that keep room
     for key, n in counts.items():
         cpus, gpus, desired, matched = key
-        spent = snapshot.reserve_spent.get((cpus, gpus))
+        spent = memory.reserve_spent.get((cpus, gpus))
         if spent is not None and arrived[(cpus, gpus)] <= spent:
             continue
         names = [s.name for s in sites if (not desired or s.name in desired)
                  and (not matched or s.name in matched)]
         hold = min((noclaim[name] for name in names), default=0)
-        rate = snapshot.shape_rates.get((cpus, gpus))
+        rate = memory.shape_rates.get((cpus, gpus))
         if rate is None:
             rate = n / window if window > 0 else 0.0
         else:  # the shape's long-run rate, shared among its groups by their arrivals
@@ -276,11 +286,14 @@ class ShapeRates:
     samples: list[tuple[float, Counter[tuple[int, int]], float]] = field(
         default_factory=list)  # (time, arrivals per shape, window)
 
-    def observe(self, snapshot: Snapshot, config: Config, now: float) -> None:
-        if snapshot.arrival_window_s <= 0:
+    def observe(self, snapshot: Snapshot, window_s: float, config: Config,
+                now: float) -> None:
+        """Learn the arrivals per shape of `snapshot`, which covers the last
+        `window_s` seconds (0: none read)."""
+        if window_s <= 0:
             return
         counts, _memory = _groups(snapshot, config.sites)
-        self.samples.append((now, shape_arrivals(counts), snapshot.arrival_window_s))
+        self.samples.append((now, shape_arrivals(counts), window_s))
         span = config.policy.reserve.evidence_s
         self.samples = [s for s in self.samples if s[0] > now - span]
 
@@ -339,7 +352,7 @@ class NoClaimWatch:
                           and p.state is PilotState.IDLE and p.key not in told}
 
     def limits(self) -> dict[tuple[int, int], int]:
-        """For `Snapshot.reserve_spent`."""
+        """For `CycleMemory.reserve_spent`."""
         return {shape: n for shape, (_t, n) in self.spent.items()}
 
 

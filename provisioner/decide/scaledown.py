@@ -19,6 +19,7 @@ from provisioner.config import Config, SiteConfig
 from provisioner.model import (
     Action,
     Cancel,
+    CycleMemory,
     Flag,
     Pilot,
     PilotState,
@@ -40,6 +41,7 @@ class _Cycle:
     actions, and the pending pilots no demand needed."""
 
     snapshot: Snapshot
+    memory: CycleMemory
     config: Config
     now: float
     #: pilots that received demand (or reserve) or must be kept for it
@@ -69,14 +71,14 @@ class _Site:
     spare_busy: list[Pilot] = field(default_factory=list)
 
 
-def _idle_observations(snapshot: Snapshot, p: Pilot, now: float) -> int:
+def _idle_observations(memory: CycleMemory, p: Pilot, now: float) -> int:
     """How many consecutive cycles `p` has been seen idle, this one included. Earlier
     observations count only if the pilot was flagged in an earlier cycle (flagged_at < now);
-    `snapshot.idle_cycles` (from `carry_over`) tells how many, else one."""
-    flagged_at = snapshot.flagged.get(p.key)
+    `memory.idle_cycles` (from `carry_over`) tells how many, else one."""
+    flagged_at = memory.flagged.get(p.key)
     if flagged_at is None or flagged_at >= now:
         return 1
-    return max(1, snapshot.idle_cycles.get(p.key, 1)) + 1
+    return max(1, memory.idle_cycles.get(p.key, 1)) + 1
 
 
 def drained_empty(p: Pilot) -> bool:
@@ -94,14 +96,14 @@ def _age(p: Pilot, now: float) -> float:
 
 def unflag_busy(c: _Cycle, s: _Site, p: Pilot) -> None:
     """A flagged pilot that runs a job again is unflagged: its idle count starts over."""
-    if p.key in c.snapshot.flagged:
+    if p.key in c.memory.flagged:
         c.out.append(Unflag(p, "busy again"))
 
 
 def unretire_busy(c: _Cycle, s: _Site, p: Pilot) -> None:
     """A retiring busy pilot is unretired when demand wants its room, or when retiring is
     off this cycle (demand waits for pilots not yet in the pool): it will be needed."""
-    if p.key in c.snapshot.retiring and not (c.retire_ok and p.key not in c.used):
+    if p.key in c.memory.retiring and not (c.retire_ok and p.key not in c.used):
         c.out.append(Unretire(p, "demand for its room again" if p.key in c.used
                               else "demand waits for pilots not yet in the pool"))
 
@@ -117,9 +119,9 @@ def keep_used_idle(c: _Cycle, s: _Site, p: Pilot) -> None:
     """An idle pilot that idle demand will use is kept: its flag and its retirement are
     withdrawn."""
     if p.key in c.used:
-        if p.key in c.snapshot.flagged:
+        if p.key in c.memory.flagged:
             c.out.append(Unflag(p, "idle demand will use it"))
-        if p.key in c.snapshot.retiring:
+        if p.key in c.memory.retiring:
             c.out.append(Unretire(p, "idle demand will use it"))
 
 
@@ -129,9 +131,9 @@ def flag_idle(c: _Cycle, s: _Site, p: Pilot) -> None:
     two jobs does not end a pilot)."""
     if p.key in c.used:
         return
-    if _idle_observations(c.snapshot, p, c.now) >= c.n_release:
+    if _idle_observations(c.memory, p, c.now) >= c.n_release:
         s.releases.append(p)
-    elif p.key not in c.snapshot.flagged:
+    elif p.key not in c.memory.flagged:
         c.out.append(Flag(p, "idle, no demand for it"))
 
 
@@ -143,8 +145,8 @@ def set_aside_unneeded_pending(c: _Cycle, s: _Site, p: Pilot) -> None:
     if p.key in c.used:
         return
     c.unneeded.append(p.key)
-    if (not c.submitting and s.name not in c.snapshot.probing
-            and c.snapshot.unneeded_cycles.get(p.key, 0) + 1
+    if (not c.submitting and s.name not in c.memory.probing
+            and c.memory.unneeded_cycles.get(p.key, 0) + 1
             >= c.config.policy.placement.pending_cancel_cycles):
         s.cancels.append(p)
 
@@ -152,7 +154,7 @@ def set_aside_unneeded_pending(c: _Cycle, s: _Site, p: Pilot) -> None:
 def cancel_drained(c: _Cycle, s: _Site, p: Pilot) -> None:
     """A pilot drained by someone else (an admin's condor_drain) and running nothing for
     `idle_release_cycles` is cancelled: it would count against the caps for ever."""
-    if drained_empty(p) and c.snapshot.drained_cycles.get(p.key, 0) + 1 >= c.n_release:
+    if drained_empty(p) and c.memory.drained_cycles.get(p.key, 0) + 1 >= c.n_release:
         c.out.append(Cancel(p, f"draining with nothing running for {c.n_release} cycles"))
 
 
@@ -177,7 +179,7 @@ def release_idle(c: _Cycle, s: _Site) -> None:
         if _age(p, c.now) >= c.config.policy.min_pilot_lifetime_s and s.warm > s.config.keep_warm:
             c.out.append(Release(p, f"idle for {c.n_release} cycles, no demand for it"))
             s.warm -= 1
-        elif p.key not in c.snapshot.flagged:
+        elif p.key not in c.memory.flagged:
             c.out.append(Flag(p, "idle, no demand for it (kept: lifetime/keep_warm)"))
 
 
@@ -200,7 +202,7 @@ def retire_spare_busy(c: _Cycle, s: _Site) -> None:
     min_lifetime_s = c.config.policy.min_pilot_lifetime_s
     s.spare_busy.sort(key=lambda p: (-(p.walltime_end or math.inf), p.job_id))
     for i, p in enumerate(s.spare_busy):
-        retiring = p.key in c.snapshot.retiring
+        retiring = p.key in c.memory.retiring
         if i < keep or _age(p, c.now) < min_lifetime_s:
             if retiring:
                 c.out.append(Unretire(p, "kept: lifetime/keep_warm"))
@@ -225,8 +227,8 @@ _SITE_RULES: tuple[SiteRule, ...] = (release_idle, cancel_pending, retire_spare_
 
 
 def pilot_actions(
-    snapshot: Snapshot, config: Config, now: float, used: set[str], site_ok: dict[str, bool],
-    submitting: bool = False, spare: bool = False,
+    snapshot: Snapshot, memory: CycleMemory, config: Config, now: float, used: set[str],
+    site_ok: dict[str, bool], submitting: bool = False, spare: bool = False,
 ) -> tuple[list[Action], list[str]]:
     """Flag, unflag, release, cancel, retire and unretire the pilots of the sites whose
     scale-down is safe (`site_ok`); also returns the pending pilots no demand needed this
@@ -234,7 +236,7 @@ def pilot_actions(
     `submitting`: this cycle submits new pilots (then no pending pilot is cancelled);
     `spare`: the cycle placed every idle job on pilots already in the pool, submits none
     and keeps no reserve (then busy pilots nothing needs are retired)."""
-    c = _Cycle(snapshot, config, now, used, submitting,
+    c = _Cycle(snapshot, memory, config, now, used, submitting,
                retire_ok=config.policy.retire_when_done and spare)
     by_site: dict[str, list[Pilot]] = defaultdict(list)
     for p in snapshot.pilots:
@@ -253,9 +255,10 @@ def pilot_actions(
 
 
 def carry_over(
-    snapshot: Snapshot, result: Plan, now: float
+    snapshot: Snapshot, memory: CycleMemory, result: Plan, now: float
 ) -> tuple[dict[str, float], dict[str, int]]:
-    """The `flagged` and `idle_cycles` maps for the next cycle's Snapshot.
+    """The `flagged` and `idle_cycles` maps for the next cycle's `CycleMemory`, after
+    the cycle that observed `snapshot` with `memory` decided `result`.
 
     Flags set this cycle are stamped `now`; unflagged, released, cancelled and vanished
     pilots drop out; pilots at unknown sites keep what they had, and all do while the pool
@@ -263,9 +266,9 @@ def carry_over(
     (and the simulator), so hysteresis state lives in one place.
     """
     if not snapshot.scale_down_ok:  # nothing learnt from a queue read in part
-        return dict(snapshot.flagged), dict(snapshot.idle_cycles)
+        return dict(memory.flagged), dict(memory.idle_cycles)
     known = {v.name for v in snapshot.sites if v.known}
-    flagged = dict(snapshot.flagged)
+    flagged = dict(memory.flagged)
     idle_cycles: dict[str, int] = {}
     present = {p.key: p for p in snapshot.pilots}
     for key in list(flagged):
@@ -280,8 +283,8 @@ def carry_over(
             dropped.add(a.pilot.key)
     for key, p in present.items():
         if p.site not in known:
-            if key in snapshot.idle_cycles:
-                idle_cycles[key] = snapshot.idle_cycles[key]
+            if key in memory.idle_cycles:
+                idle_cycles[key] = memory.idle_cycles[key]
         elif p.state is PilotState.IDLE and key not in dropped and key in flagged:
-            idle_cycles[key] = _idle_observations(snapshot, p, now)
+            idle_cycles[key] = _idle_observations(memory, p, now)
     return flagged, idle_cycles

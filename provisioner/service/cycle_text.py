@@ -59,10 +59,11 @@ def summary_line(cycle: CycleResult) -> str:
             text += f" ({unseen} busy without a startd ad)"
         parts.append(f"{view.name}: {text}")
     if cycle.plan.reserve_jobs:
-        left = "?" if snap.recent_departures is None else snap.recent_departures
+        memory = cycle.memory
+        left = "?" if memory.recent_departures is None else memory.recent_departures
         parts.append(f"reserve {cycle.plan.reserve_held}/{cycle.plan.reserve_jobs} slots "
                      f"(arrived {sum(d.idle for d in snap.recent_arrivals)}, left {left} "
-                     f"in {snap.arrival_window_s:.0f} s)")
+                     f"in {memory.arrival_window_s:.0f} s)")
     if cycle.plan.unmatchable:
         parts.append(f"unmatchable {sum(u.idle for u in cycle.plan.unmatchable)}")
     acts = [describe(a) for a in cycle.plan.actions]

@@ -1,10 +1,15 @@
 """The reconcile loop: observe (I/O, batched) -> plan (pure) -> act (I/O, idempotent).
 
 Observe reads one schedd query, one collector query and one `squeue` per site
-and builds an immutable Snapshot. `provisioner.decide.plan.plan()` decides. Act applies
+and builds an immutable Snapshot. The controller hands it, with its `CycleMemory` of
+earlier cycles, to `provisioner.decide.plan.plan()`, which decides. Act applies
 the decisions: submits, releases (re-checked against a fresh collector read
 right before), cancels of pending pilots. A site or pool that cannot be read is
 unknown, never empty: plan() then takes no action there.
+
+When to observe is the tick sequence of `provisioner.service.ticker`, which the simulator
+runs too: the `Provisioner` is its `Senses` (the quick check, the join check, a
+negotiation asked for, the full observation).
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ from provisioner.service.journal import Journal
 from provisioner.service.ledger import Ledger
 from provisioner.service.metrics import Metrics, MetricsError, circuit_codes, limit_codes
 from provisioner.service.submitter import refusal_kind, submit_all
+from provisioner.service.ticker import decide, tick
 from provisioner.sites import make_backend
 from provisioner.sites.base import PilotRequest, SiteBackend, SiteJob
 
@@ -107,7 +113,7 @@ class Provisioner:
     # The decision state lives in the controller; these read it.
     @property
     def flagged(self) -> dict[str, float]:
-        return self.controller.flagged
+        return self.controller.memory.flagged
 
     @property
     def released(self) -> Mapping[str, object]:
@@ -118,9 +124,10 @@ class Provisioner:
         return self.controller.cycles
 
     # --- observe ---------------------------------------------------------
-    def observe(self, now: float | None = None) -> Observation:
-        """Read the pool and every site at `now` (default: the clock) into a Snapshot;
-        the controller's carried state is not in it (`Controller.prepare` adds it)."""
+    def observe(self, now: float | None = None, since: float | None = None) -> Observation:
+        """Read the pool and every site at `now` (default: the clock) into a Snapshot,
+        with the jobs submitted since `since` as the recent arrivals (None: none read).
+        Only what is seen now: the controller's memory goes beside it."""
         now = self.clock() if now is None else now
         demand: tuple[Demand, ...] = ()
         ads: dict[str, PilotAd] = {}
@@ -130,7 +137,7 @@ class Provisioner:
         size: QueueSize | None = None
         newest: float | None = None
         lacking: tuple[str, ...] = ()
-        read = self._read_pool(self.controller.arrivals_since(now))
+        read = self._read_pool(since)
         pool_known = read is not None
         if read is not None:
             queue, ads = read
@@ -184,7 +191,7 @@ class Provisioner:
                 log.warning("%s", line)
         return Observation(snapshot, ads, jobs, running_on, size)
 
-    def _read_pool(self, since: float) -> tuple[QueueView, dict[str, PilotAd]] | None:
+    def _read_pool(self, since: float | None) -> tuple[QueueView, dict[str, PilotAd]] | None:
         """Every schedd (arrivals since `since`) and the pilot ads; None: the pool is
         unknown. A schedd not read is logged, and named in the view."""
         try:
@@ -349,19 +356,16 @@ class Provisioner:
         """One full cycle. `now` is the cycle's time, taken before observing (default: the
         clock now), so the cadence counts its periods from when the cycle began."""
         now = self.clock() if now is None else now
-        t0 = time.monotonic()
-        obs = self.observe(now)
-        t1 = time.monotonic()
-        result = self.controller.cycle(obs.snapshot, now, obs.queue, commit=not dry_run,
-                                       idle_ads=idle_ad_keys(obs.ads))
-        t2 = time.monotonic()
+        decided = decide(self.controller, self, now, commit=not dry_run)
+        obs, result = decided.seen, decided.plan
         for change in self.controller.transitions if not dry_run else ():
             log.warning("%s", change)
-        cycle = CycleResult(reason, obs, result)
+        cycle = CycleResult(reason, obs, result, memory=decided.memory)
+        t2 = time.monotonic()
         if not dry_run:
             cycle.outcomes = self.act(obs, result)
         t3 = time.monotonic()
-        cycle.timings = {"observe": t1 - t0, "plan": t2 - t1, "act": t3 - t2}
+        cycle.timings = {**decided.timings, "act": t3 - t2}
         line = summary_line(cycle)
         log.info("cycle %d (%s): %s", self.cycles, reason, line)
         if not dry_run:
@@ -401,45 +405,39 @@ class Provisioner:
     def tick(self) -> CycleResult | None:
         """The cheap check (every `quick_check_s`); runs a full cycle when cadence says one
         is due. Between quick checks, while pilots are joining, only the join check. A
-        wake-up (`self.wakeup`: a submit in the schedd's event log) makes it a quick check."""
+        wake-up (`self.wakeup`: a submit in the schedd's event log) makes it a quick check.
+        The sequence is `provisioner.service.ticker.tick`'s."""
         now = self.clock()
         woken = self.wakeup.take()
-        look = "probe" if woken else self.controller.look(now)
-        if look != "probe":
-            if look == "join":
-                self._join_check()
-            return None
+        done = tick(self.controller, self, now, woken)
+        if done.reason:
+            return self.run_cycle(done.reason, now=now)
+        if done.reason == "" and woken and gap_holds(now, self.controller.mark,
+                                                     self.config.policy):
+            self.wakeup.hold()  # look again at the next timer tick
+        return None
+
+    # --- what the tick sequence reads (`provisioner.service.ticker.Senses`) ----------
+    def probe(self) -> Probe | None:
+        """The quick check: the idle jobs and the idle pilots' ads."""
         try:
             idle = self.pool.idle_count()
             idle_pilots = idle_ad_keys(self.pool.pilot_ads())
         except PoolUnreachable as exc:
             log.warning("quick check failed: %s", exc)
-            idle, idle_pilots = 0, frozenset()
-            mark = self.controller.mark
-            if mark is not None and now - mark.at < self.config.policy.interval_s:
-                return None
-        else:
-            self._negotiate_if_joined(idle_pilots, idle)
-        reason = self.controller.due(now, Probe(idle, idle_pilots))
-        if not reason:
-            if woken and gap_holds(now, self.controller.mark, self.config.policy):
-                self.wakeup.hold()  # look again at the next timer tick
             return None
-        return self.run_cycle(reason, now=now)
+        return Probe(idle, idle_pilots)
 
-
-    def _join_check(self) -> None:
+    def idle_pilots(self) -> frozenset[str] | None:
+        """The join check: the idle pilots' ads."""
         try:
-            idle_pilots = idle_ad_keys(self.pool.pilot_ads())
+            return idle_ad_keys(self.pool.pilot_ads())
         except PoolUnreachable as exc:
             log.debug("join check failed: %s", exc)
-            return
-        self._negotiate_if_joined(idle_pilots, None)
+            return None
 
-    def _negotiate_if_joined(self, idle_pilots: frozenset[str], idle_jobs: int | None) -> None:
+    def reschedule(self) -> None:
         """A pilot became idle while jobs wait: ask for a negotiation now."""
-        if not self.controller.reschedule_due(idle_pilots, idle_jobs):
-            return
         try:
             self.pool.reschedule()
         except PoolUnreachable as exc:

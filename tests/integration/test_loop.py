@@ -464,7 +464,7 @@ def test_a_withdrawn_retirement_keeps_the_pilot(clean: None) -> None:
     assert len(retires) == 1, result.plan.actions
     key = retires[0]
     site, job_id = key.split("/")
-    assert key in prov.controller.retiring
+    assert key in prov.controller.memory.retiring
     # A job as wide as the whole pilot, so not for its free room (the negotiator cannot
     # take it there before the cycle looks): the cycle wants new capacity, so the order
     # is withdrawn; once the long job ends the pilot, still there, runs it.
@@ -474,7 +474,7 @@ def test_a_withdrawn_retirement_keeps_the_pilot(clean: None) -> None:
     result = cycle(prov)
     assert [a.pilot.key for a in result.plan.actions if isinstance(a, Unretire)] == [key], \
         result.plan.actions
-    assert key not in prov.controller.retiring
+    assert key not in prov.controller.memory.retiring
     wait_for("the long job done", lambda: gated_jobs_left(cluster) == 0, 90)
     time.sleep(5)  # a retiring pilot would have left by now
     assert job_id in squeue_ids(site)

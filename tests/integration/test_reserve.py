@@ -44,9 +44,9 @@ def test_departures_follow_the_real_queue() -> None:
     time.sleep(1.1)  # QDate has one-second resolution: keep it clear of t0
     now = [time.time()]  # t0
     prov = Provisioner(config, clock=lambda: now[0])
-    obs = prov.observe()
-    first = prov.controller.prepare(obs.snapshot, now[0], obs.queue)
-    assert first.recent_departures is None  # not yet watched for one window
+    obs = prov.observe(since=prov.controller.arrivals_since(now[0]))
+    first, memory = prov.controller.prepare(obs.snapshot, now[0], obs.queue)
+    assert memory.recent_departures is None  # not yet watched for one window
     assert sum(d.idle for d in first.recent_arrivals) == 3
 
     run(["condor_rm", f"{first_cluster}.0"])
@@ -54,17 +54,17 @@ def test_departures_follow_the_real_queue() -> None:
     time.sleep(1.1)
     late_cluster = submit("late", 10, 600)
     now[0] += WINDOW + 1  # one window later, as the service sees it
-    obs = prov.observe()
-    snap = prov.controller.prepare(obs.snapshot, now[0], obs.queue)
+    obs = prov.observe(since=prov.controller.arrivals_since(now[0]))
+    snap, memory = prov.controller.prepare(obs.snapshot, now[0], obs.queue)
     # since = t0: the ten late jobs arrived, one of the three early ones left
     assert sum(d.idle for d in snap.recent_arrivals) == 10
-    assert snap.recent_departures == 1
-    assert abs(snap.arrival_window_s - (WINDOW + 1)) < 1e-6
-    lead = reserve_lead(snap, config)  # learnt from the pilots up, else lead_s
-    expected = reserve_size(10, snap.arrival_window_s, config, 1, lead_s=lead)
+    assert memory.recent_departures == 1
+    assert abs(memory.arrival_window_s - (WINDOW + 1)) < 1e-6
+    lead = reserve_lead(memory, config)  # learnt from the pilots up, else lead_s
+    expected = reserve_size(10, memory.arrival_window_s, config, 1, lead_s=lead)
     # the departure grows it (at lead_s; at a short learnt lead the growth may round away)
-    assert reserve_size(10, snap.arrival_window_s, config, 1) > reserve_size(
-        10, snap.arrival_window_s, config, None)
-    result = plan(snap, config, now[0])
+    assert reserve_size(10, memory.arrival_window_s, config, 1) > reserve_size(
+        10, memory.arrival_window_s, config, None)
+    result = plan(snap, memory, config, now[0])
     assert result.reserve_jobs == expected
     run(["condor_rm", first_cluster, late_cluster])

@@ -10,7 +10,7 @@ from provisioner.config import (
     ReserveConfig,
     SiteConfig,
 )
-from provisioner.model import Demand, JobShape, Pilot, PilotState, SiteView, Snapshot
+from provisioner.model import CycleMemory, Demand, JobShape, Pilot, PilotState, SiteView, Snapshot
 
 NOW = 100_000.0
 
@@ -63,15 +63,21 @@ def pilot(job_id: str, state: PilotState, site: str = "gsi", cpus: int = 16,
 
 def snap(demand: list[tuple[JobShape, int]] = (), pilots: list[Pilot] = (),  # type: ignore[assignment]
          sites: tuple[str, ...] = ("gsi",), unknown: tuple[str, ...] = (),
-         flagged: dict[str, float] | None = None, pool_known: bool = True,
-         arrivals: list[tuple[JobShape, int]] = (),  # type: ignore[assignment]
-         window: float = 900.0) -> Snapshot:
+         pool_known: bool = True,
+         arrivals: list[tuple[JobShape, int]] = ()) -> Snapshot:  # type: ignore[assignment]
+    """What a cycle observed; `arrivals`: the jobs of the arrival window (`memory`)."""
     return Snapshot(
         demand=tuple(Demand(s, n) for s, n in demand),
         pilots=tuple(pilots),
         sites=tuple(SiteView(n, n not in unknown) for n in sites),
         pool_known=pool_known,
-        flagged=dict(flagged or {}),
         recent_arrivals=tuple(Demand(s, n) for s, n in arrivals),
-        arrival_window_s=window if arrivals else 0.0,
     )
+
+
+def memory(flagged: dict[str, float] | None = None, window: float = 900.0,
+           **fields: object) -> CycleMemory:
+    """What earlier cycles left: `flagged` pilots, the arrival window `snap`'s arrivals
+    cover (`window` seconds), and any other `CycleMemory` field."""
+    return CycleMemory(flagged=dict(flagged or {}), arrival_window_s=window,
+                       **fields)  # type: ignore[arg-type]

@@ -259,10 +259,11 @@ def test_the_cycle_line_says_which_busy_pilots_have_no_ad() -> None:
 
     from provisioner.decide.plan import plan
     from provisioner.service.loop import CycleResult, Observation, summary_line
-    from tests.unit.helpers import NOW, config, pilot, snap
+    from tests.unit.helpers import NOW, config, memory, pilot, snap
 
     seen = dataclasses.replace(pilot("1", PilotState.BUSY), name="pilot-gsi-1@n1")
     unseen = pilot("2", PilotState.BUSY)  # name None: no startd ad
     s = snap(pilots=[seen, unseen])
-    line = summary_line(CycleResult("test", Observation(s, {}, {}), plan(s, config(), NOW)))
+    line = summary_line(CycleResult("test", Observation(s, {}, {}),
+                                    plan(s, memory(), config(), NOW)))
     assert "gsi: 2 busy (1 busy without a startd ad)" in line, line

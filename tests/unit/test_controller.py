@@ -11,7 +11,7 @@ from bench.sim.world import World
 from provisioner.config import PolicyConfig
 from provisioner.decide.cadence import CycleMark, Probe
 from provisioner.decide.controller import Controller
-from provisioner.model import Action, PilotState, Snapshot
+from provisioner.model import Action, CycleMemory, PilotState, Snapshot
 from provisioner.pool.condor import PilotAd
 from provisioner.service.journal import Journal
 from provisioner.service.loop import Provisioner, describe
@@ -119,9 +119,12 @@ def test_reserve_is_held_one_lead_time_and_sparse_arrivals_widen_the_window() ->
         ctl._count_arrival(10000.0 + 600 * i, 10000.0 + 600 * i)
     # the evidence now holds 6 arrivals over 3000 s: the window spans 8 of their gaps
     assert ctl.window(13000.0) == r.window_gaps * 3000 / 6 > r.window_s
-    snap = Snapshot(demand=(), pilots=(), sites=())
-    ctl.remember(snap, Plan((), reserve_jobs=9, reserve_sized=9, reserve_lead_s=200), 5000.0)
-    ctl.remember(snap, Plan((), reserve_jobs=9, reserve_sized=2, reserve_lead_s=200), 5100.0)
-    assert ctl.prepare(snap, 5150.0, commit=False).reserve_hold == 9
-    ctl.remember(snap, Plan((), reserve_jobs=9, reserve_sized=2, reserve_lead_s=200), 5250.0)
-    assert ctl.prepare(replace(snap), 5260.0, commit=False).reserve_hold == 2
+    snap, memory = Snapshot(demand=(), pilots=(), sites=()), CycleMemory()
+    ctl.remember(snap, memory, Plan((), reserve_jobs=9, reserve_sized=9, reserve_lead_s=200),
+                 5000.0)
+    ctl.remember(snap, memory, Plan((), reserve_jobs=9, reserve_sized=2, reserve_lead_s=200),
+                 5100.0)
+    assert ctl.prepare(snap, 5150.0, commit=False)[1].reserve_hold == 9
+    ctl.remember(snap, memory, Plan((), reserve_jobs=9, reserve_sized=2, reserve_lead_s=200),
+                 5250.0)
+    assert ctl.prepare(replace(snap), 5260.0, commit=False)[1].reserve_hold == 2

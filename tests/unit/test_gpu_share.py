@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from provisioner.decide.packing import Item, gpu_share
 from provisioner.decide.plan import plan
 from provisioner.model import JobShape, PilotState, round_memory
-from tests.unit.helpers import NOW, config, pilot, snap
+from tests.unit.helpers import NOW, config, memory, pilot, snap
 from tests.unit.test_gpus import gpu_site
 
 PILOT_CONF = Path(__file__).resolve().parents[2] / "condor_config" / "pilot.conf"
@@ -136,10 +136,10 @@ def gpu_pilot(job_id: str, state: PilotState, cpus: int = 8, gpus: int = 2,
 def test_cpu_only_demand_does_not_count_as_fitting_into_a_pending_gpu_pilot() -> None:
     cfg = config(gpu_site("gpu", gpus=4))
     pending = gpu_pilot("1", PilotState.PENDING)
-    result = plan(snap([(CPU_JOB, 2)], [pending], sites=("gpu",)), cfg, NOW)
+    result = plan(snap([(CPU_JOB, 2)], [pending], sites=("gpu",)), memory(), cfg, NOW)
     assert [(s.count, s.cpus, s.gpus) for s in result.submits] == [(1, 2, 0)]
     # a GPU job does fit there
-    assert plan(snap([(GPU_JOB, 2)], [pending], sites=("gpu",)), cfg, NOW).submits == ()
+    assert plan(snap([(GPU_JOB, 2)], [pending], sites=("gpu",)), memory(), cfg, NOW).submits == ()
 
 
 def test_cpu_only_demand_uses_the_room_a_running_gpu_pilot_has_beyond_its_gpus() -> None:
@@ -147,8 +147,8 @@ def test_cpu_only_demand_uses_the_room_a_running_gpu_pilot_has_beyond_its_gpus()
     # 16 cores, 2 GPUs (8 cores each); one GPU job of 2 cores runs: 6 cores are room
     busy = gpu_pilot("1", PilotState.BUSY, cpus=16, free_gpus=1, free_cpus=14,
                      free_mem=56000)
-    assert plan(snap([(CPU_JOB, 6)], [busy], sites=("gpu",)), cfg, NOW).submits == ()
-    result = plan(snap([(CPU_JOB, 7)], [busy], sites=("gpu",)), cfg, NOW)
+    assert plan(snap([(CPU_JOB, 6)], [busy], sites=("gpu",)), memory(), cfg, NOW).submits == ()
+    result = plan(snap([(CPU_JOB, 7)], [busy], sites=("gpu",)), memory(), cfg, NOW)
     assert [(s.count, s.cpus, s.gpus) for s in result.submits] == [(1, 1, 0)]
 
 
@@ -160,7 +160,8 @@ def test_new_gpu_pilots_hold_gpu_jobs_only_sized_to_them() -> None:
         "caps": cfg.sites[0].caps.model_copy(update={"max_pilots": 50,
                                                      "max_submit_per_cycle": 50})}),)})
     big_cpu = JobShape(8, 8000)
-    result = plan(snap([(big_cpu, 1), (CPU_JOB, 3), (GPU_JOB, 6)], sites=("gpu",)), cfg, NOW)
+    result = plan(snap([(big_cpu, 1), (CPU_JOB, 3), (GPU_JOB, 6)], sites=("gpu",)), memory(),
+                  cfg, NOW)
     gpu_pilots = [s for s in result.submits if s.gpus]
     assert sum(s.gpus * s.count for s in gpu_pilots) == 6
     assert all(s.cpus == 4 * s.gpus and s.memory_mb == 16000 * s.gpus for s in gpu_pilots)

@@ -23,7 +23,7 @@ from provisioner.service.loop import merge_pilots
 from provisioner.sites import make_backend
 from provisioner.sites.base import PilotRequest, SiteJob, SiteJobState
 from provisioner.sites.slurm_cli import SlurmCliBackend, parse_squeue
-from tests.unit.helpers import NOW, config, pilot, site, snap
+from tests.unit.helpers import NOW, config, memory, pilot, site, snap
 
 PILOT_CONF = Path(__file__).resolve().parents[2] / "condor_config" / "pilot.conf"
 
@@ -264,22 +264,22 @@ CPU_JOB = JobShape(2, 4000)
 
 def test_a_gpu_job_is_planned_onto_the_gpu_site_only() -> None:
     cfg = config(site("cpu"), gpu_site("gpu", gpus=4))
-    result = plan(snap([(GPU_JOB, 3)], sites=("cpu", "gpu")), cfg, NOW)
+    result = plan(snap([(GPU_JOB, 3)], sites=("cpu", "gpu")), memory(), cfg, NOW)
     assert [(s.site, s.count, s.gpus) for s in result.submits] == [("gpu", 1, 3)]
     assert result.unmatchable == ()
 
 
 def test_new_pilots_ask_for_the_gpus_their_jobs_use_and_cpu_jobs_ask_for_none() -> None:
     cfg = config(gpu_site("gpu", gpus=2, cpus=8))
-    result = plan(snap([(GPU_JOB, 5)], sites=("gpu",)), cfg, NOW)
+    result = plan(snap([(GPU_JOB, 5)], sites=("gpu",)), memory(), cfg, NOW)
     assert sorted(s.gpus for s in result.submits for _ in range(s.count)) == [1, 2, 2]
-    cpu = plan(snap([(CPU_JOB, 2)], sites=("gpu",)), cfg, NOW)
+    cpu = plan(snap([(CPU_JOB, 2)], sites=("gpu",)), memory(), cfg, NOW)
     assert [s.gpus for s in cpu.submits] == [0]
 
 
 def test_gpu_jobs_on_a_cpu_only_config_are_unmatchable_with_a_reason() -> None:
     cfg = config(site("gsi"), site("frankfurt"))
-    result = plan(snap([(GPU_JOB, 2)], sites=("gsi", "frankfurt")), cfg, NOW)
+    result = plan(snap([(GPU_JOB, 2)], sites=("gsi", "frankfurt")), memory(), cfg, NOW)
     assert result.submits == ()
     [u] = result.unmatchable
     assert u.idle == 2 and u.reason == "RequestGPUs 1 GPUs > largest pilot 0 GPUs"
@@ -289,15 +289,15 @@ def test_free_gpus_of_running_and_pending_pilots_are_used_before_new_pilots() ->
     cfg = config(gpu_site("gpu", gpus=2))
     running = pilot("1", PilotState.BUSY, site="gpu", free_cpus=8, free_mem=32000)
     with_gpu = replace(running, gpus=2, free_gpus=1)
-    result = plan(snap([(GPU_JOB, 1)], [with_gpu], sites=("gpu",)), cfg, NOW)
+    result = plan(snap([(GPU_JOB, 1)], [with_gpu], sites=("gpu",)), memory(), cfg, NOW)
     assert result.submits == ()
     # the same pilot with its GPUs taken: the job needs a new pilot
     no_gpu = replace(running, gpus=2, free_gpus=0)
-    result = plan(snap([(GPU_JOB, 1)], [no_gpu], sites=("gpu",)), cfg, NOW)
+    result = plan(snap([(GPU_JOB, 1)], [no_gpu], sites=("gpu",)), memory(), cfg, NOW)
     assert [(s.count, s.gpus) for s in result.submits] == [(1, 1)]
     pending = pilot("2", PilotState.PENDING, site="gpu")
     pending = replace(pending, gpus=2, free_gpus=2)
-    assert plan(snap([(GPU_JOB, 2)], [pending], sites=("gpu",)), cfg, NOW).submits == ()
+    assert plan(snap([(GPU_JOB, 2)], [pending], sites=("gpu",)), memory(), cfg, NOW).submits == ()
 
 
 @settings(max_examples=60, deadline=None)
@@ -311,7 +311,7 @@ def test_property_gpu_demand_lands_on_gpu_pilots_within_their_gpus(
                      max_pilots=50, max_submit=50, max_pending=50).caps}),
                  max_submit=100)
     demand = [(JobShape(c, 1000 * c, gpus=g), n) for c, g, n in jobs]
-    result = plan(snap(demand, sites=("cpu", "gpu")), cfg, NOW)
+    result = plan(snap(demand, sites=("cpu", "gpu")), memory(), cfg, NOW)
     subs: list[Submit] = list(result.submits)
     assert all(s.gpus == 0 for s in subs if s.site == "cpu")
     assert all(0 <= s.gpus <= site_gpus for s in subs)

@@ -35,7 +35,7 @@ from provisioner.sites.base import SiteJob, SiteJobState
 from provisioner.sites.slurm_cli import classify_sbatch, parse_squeue
 from tests.unit.fakes import Clock, FakePool
 
-from .helpers import NOW, config, pilot, site, snap
+from .helpers import NOW, config, memory, pilot, site, snap
 from .test_boundaries import squeue_job
 
 LIMIT_TEXT = ("sbatch: error: QOSMaxSubmitJobPerUserLimit\n"
@@ -103,7 +103,7 @@ def test_a_pilot_pending_at_a_job_limit_is_no_capacity_and_the_site_takes_no_mor
     assert "gsi" in ctl.limits.caps and ctl.limits.caps["gsi"].jobs == 0
     assert any("gsi: at its job limit (0 jobs)" in t for t in ctl.transitions)
     # safeguard off: the same pilot without its reason is capacity on its way
-    before = plan(snap([(SHAPE, 2)], [plain], sites=("gsi", "fra")), cfg, NOW)
+    before = plan(snap([(SHAPE, 2)], [plain], sites=("gsi", "fra")), memory(), cfg, NOW)
     assert sum(a.count for a in before.submits) == 1
 
 

@@ -10,9 +10,18 @@ from hypothesis import strategies as st
 
 from provisioner.decide.placement import _waste, shares, whole_pilots
 from provisioner.decide.plan import plan
-from provisioner.model import Cancel, JobShape, Pilot, PilotState, SiteEstimate, Snapshot, Submit
+from provisioner.model import (
+    Cancel,
+    CycleMemory,
+    JobShape,
+    Pilot,
+    PilotState,
+    SiteEstimate,
+    Snapshot,
+    Submit,
+)
 
-from .helpers import NOW, config, pilot, site, snap
+from .helpers import NOW, config, memory, pilot, site, snap
 
 ONE = JobShape(1, 2000)
 
@@ -32,7 +41,7 @@ def two_sites(weight_b: float = 1.0, **kw):  # type: ignore[no-untyped-def]
 def test_equal_sites_share_demand_whatever_their_names(n: int, names: list[str]) -> None:
     cfg = config(*(site(name, max_pilots=50, max_pending=50, max_submit=50)
                    for name in names), max_submit=100)
-    result = plan(snap([(ONE, n)], sites=tuple(names)), cfg, NOW)
+    result = plan(snap([(ONE, n)], sites=tuple(names)), memory(), cfg, NOW)
     a, b = new_jobs(result, "alpha"), new_jobs(result, "beta")
     assert a + b == n and abs(a - b) <= 1
 
@@ -82,7 +91,7 @@ def test_equal_sites_one_of_whole_nodes_get_no_part_empty_node() -> None:
                  site("frankfurt", cpus=4, min_cpus=4, max_pilots=2, max_pending=2,
                       max_submit=2), max_submit=10)
     for n in (8, 4, 5, 12):
-        result = plan(snap([(ONE, n)], sites=("gsi", "frankfurt")), cfg, NOW)
+        result = plan(snap([(ONE, n)], sites=("gsi", "frankfurt")), memory(), cfg, NOW)
         placed = new_jobs(result, "gsi") + new_jobs(result, "frankfurt")
         assert placed == n
         assert submitted_cpus(result) == n, (n, result.actions)  # no core left empty
@@ -90,24 +99,24 @@ def test_equal_sites_one_of_whole_nodes_get_no_part_empty_node() -> None:
     cfg = config(site("gsi", cpus=4, min_cpus=1, max_pilots=1, max_pending=1, max_submit=1),
                  site("frankfurt", cpus=4, min_cpus=4, max_pilots=2, max_pending=2,
                       max_submit=2, weight=0.9), max_submit=10)
-    result = plan(snap([(ONE, 4)], sites=("gsi", "frankfurt")), cfg, NOW)
+    result = plan(snap([(ONE, 4)], sites=("gsi", "frankfurt")), memory(), cfg, NOW)
     assert (new_jobs(result, "gsi"), new_jobs(result, "frankfurt")) == (4, 0)
 
 
 def test_the_learnt_quicker_site_takes_the_demand_and_weight_scales() -> None:
     est = {"alpha": SiteEstimate(1800, 90, 5), "beta": SiteEstimate(60, 90, 5)}
-    s = dataclasses.replace(snap([(ONE, 20)], sites=("alpha", "beta")), estimates=est)
-    result = plan(s, two_sites(), NOW)
+    s, m = snap([(ONE, 20)], sites=("alpha", "beta")), memory(estimates=est)
+    result = plan(s, m, two_sites(), NOW)
     assert new_jobs(result, "beta") == 20 and new_jobs(result, "alpha") == 0
     # weight scales the lead: beta at weight 1/20 now looks as slow as 3000 s
-    result = plan(s, two_sites(weight_b=0.05), NOW)
+    result = plan(s, m, two_sites(weight_b=0.05), NOW)
     assert new_jobs(result, "alpha") == 20
 
 
 def test_a_site_without_history_is_explored() -> None:
     est = {"alpha": SiteEstimate(60, 90, 5)}  # beta never seen
-    s = dataclasses.replace(snap([(ONE, 20)], sites=("alpha", "beta")), estimates=est)
-    result = plan(s, two_sites(), NOW)
+    result = plan(snap([(ONE, 20)], sites=("alpha", "beta")), memory(estimates=est),
+                  two_sites(), NOW)
     assert new_jobs(result, "beta") > 0 and new_jobs(result, "alpha") > 0
 
 
@@ -115,19 +124,17 @@ def test_a_slow_pending_pilot_makes_its_site_look_slow() -> None:
     stuck = pilot("1", PilotState.PENDING, site="alpha", cpus=1, memory_mb=4000,
                   submitted=NOW - 300)  # longer than expected, not yet given up
     est = {"alpha": SiteEstimate(60, 90, 5), "beta": SiteEstimate(60, 90, 5)}
-    s = dataclasses.replace(snap([(ONE, 11)], [stuck], sites=("alpha", "beta")),
-                            estimates=est)
-    result = plan(s, two_sites(), NOW)
+    result = plan(snap([(ONE, 11)], [stuck], sites=("alpha", "beta")), memory(estimates=est),
+                  two_sites(), NOW)
     assert new_jobs(result, "beta") == 10 and new_jobs(result, "alpha") == 0
 
 
-def pending_at_alpha(age: float, jobs: int) -> tuple[Pilot, Snapshot]:
+def pending_at_alpha(age: float, jobs: int) -> tuple[Pilot, Snapshot, CycleMemory]:
     """A pilot pending `age` seconds at alpha, `jobs` one-core jobs, both sites known to
     wait 300 s."""
     pend = pilot("1", PilotState.PENDING, site="alpha", submitted=NOW - age)
     est = {"alpha": SiteEstimate(300, 90, 5), "beta": SiteEstimate(300, 90, 5)}
-    return pend, dataclasses.replace(snap([(ONE, jobs)], [pend], sites=("alpha", "beta")),
-                                     estimates=est)
+    return pend, snap([(ONE, jobs)], [pend], sites=("alpha", "beta")), memory(estimates=est)
 
 
 @settings(max_examples=60, deadline=None)
@@ -138,8 +145,8 @@ def test_pending_pilot_blocks_placement_only_until_its_expected_start(
     its jobs; after, they are placed anew, and the late pilot is kept (pending costs
     nothing) while they wait."""
     cfg = two_sites()
-    pend, s = pending_at_alpha(age, jobs)
-    result = plan(s, cfg, NOW)
+    pend, s, m = pending_at_alpha(age, jobs)
+    result = plan(s, m, cfg, NOW)
     # beta offers a slot in 300 + 90 s; the pilot is expected in max(300 - age, age) + 90
     late = max(300 - age, age) + 90 > 300 + 90 + cfg.policy.placement.hedge_margin_s
     placed = sum(a.count for a in result.actions if isinstance(a, Submit))
@@ -154,16 +161,16 @@ def test_at_most_one_hedge_per_pending_pilot(age: float, jobs: int, cycles: int)
     """Cycles after the hedge, with its pilot pending (not yet overdue), submit nothing
     more for the same jobs, and the hedge is not reported again."""
     cfg = two_sites()
-    pend, s = pending_at_alpha(age, jobs)
-    first = plan(s, cfg, NOW)
+    pend, s, m = pending_at_alpha(age, jobs)
+    first = plan(s, m, cfg, NOW)
     assert first.hedges == (pend.key,)
     wanted = [a for a in first.actions if isinstance(a, Submit) for _ in range(a.count)]
     hedge = [pilot(f"h{i}", PilotState.PENDING, site=a.site, cpus=a.cpus,
                    memory_mb=a.memory_mb, submitted=NOW) for i, a in enumerate(wanted)]
     for i in range(cycles):
         t = NOW + 20 * (i + 1)
-        later = dataclasses.replace(s, pilots=(pend, *hedge), hedged=frozenset({pend.key}))
-        result = plan(later, cfg, t)
+        later = dataclasses.replace(s, pilots=(pend, *hedge))
+        result = plan(later, dataclasses.replace(m, hedged=frozenset({pend.key})), cfg, t)
         assert not [a for a in result.actions if isinstance(a, Submit | Cancel)]
         assert result.hedges == ()
 
@@ -173,8 +180,9 @@ def test_at_most_one_hedge_per_pending_pilot(age: float, jobs: int, cycles: int)
 def test_no_pending_pilot_is_cancelled_while_demand_for_it_persists(
         cycles: int, jobs: int) -> None:
     pend = pilot("1", PilotState.PENDING, cpus=4, memory_mb=16000)
-    s = dataclasses.replace(snap([(ONE, jobs)], [pend]), unneeded_cycles={pend.key: cycles})
-    cancelled = [a for a in plan(s, config(), NOW).actions if isinstance(a, Cancel)]
+    m = memory(unneeded_cycles={pend.key: cycles})
+    cancelled = [a for a in plan(snap([(ONE, jobs)], [pend]), m, config(), NOW).actions
+                 if isinstance(a, Cancel)]
     if jobs:
         assert not cancelled
     else:
@@ -190,7 +198,7 @@ def test_equal_sites_share_in_proportion_to_what_they_can_take(
     cfg = config(site("alpha", max_pilots=50, max_pending=50, max_submit=rooms[0]),
                  site("beta", max_pilots=50, max_pending=50, max_submit=rooms[1]),
                  max_submit=100)
-    result = plan(snap([(ONE, n)], sites=("alpha", "beta")), cfg, NOW)
+    result = plan(snap([(ONE, n)], sites=("alpha", "beta")), memory(), cfg, NOW)
     cap = [16 * r for r in rooms]
     got = [new_jobs(result, "alpha"), new_jobs(result, "beta")]
     assert sum(got) == min(n, sum(cap))
@@ -204,11 +212,11 @@ def test_no_pending_pilot_is_cancelled_in_a_cycle_that_submits() -> None:
     same cycle submits a pilot (it would be replaced by an equivalent one)."""
     pend = pilot("1", PilotState.PENDING, site="alpha", cpus=1, memory_mb=4000)
     only_beta = JobShape(1, 2000, desired_sites=("beta",))
-    s = dataclasses.replace(snap([(only_beta, 1)], [pend], sites=("alpha", "beta")),
-                            unneeded_cycles={pend.key: 10})
-    result = plan(s, two_sites(), NOW)
+    s = snap([(only_beta, 1)], [pend], sites=("alpha", "beta"))
+    m = memory(unneeded_cycles={pend.key: 10})
+    result = plan(s, m, two_sites(), NOW)
     assert [a.site for a in result.actions if isinstance(a, Submit)] == ["beta"]
     assert not [a for a in result.actions if isinstance(a, Cancel)]
     quiet = dataclasses.replace(s, demand=())
-    assert [a.pilot.key for a in plan(quiet, two_sites(), NOW).actions
+    assert [a.pilot.key for a in plan(quiet, m, two_sites(), NOW).actions
             if isinstance(a, Cancel)] == [pend.key]

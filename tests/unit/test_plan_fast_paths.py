@@ -28,7 +28,7 @@ from provisioner.decide.matching import Row, fitting_sites, item_of, site_reject
 from provisioner.decide.packing import INF, BinGroup, CapacityIndex, GpuShare, Item, pilot_share
 from provisioner.decide.placement import ranked, shares, whole_pilots
 from provisioner.decide.plan import _TIERS, SiteRow, _per_pilot, _pilots_left, plan
-from provisioner.model import Pilot, PilotState, Plan, Snapshot
+from provisioner.model import CycleMemory, Pilot, PilotState, Plan, Snapshot
 
 from .test_plan_properties import SETTINGS, scenarios, shapes
 
@@ -148,7 +148,8 @@ def ref_fitting_sites(shape, sites, item):  # type: ignore[no-untyped-def]
     return [s.name for s in sites if not site_rejects(shape, s, item)]
 
 
-def reference_plan(snapshot: Snapshot, config: Config, now: float) -> Plan:
+def reference_plan(snapshot: Snapshot, memory: CycleMemory, config: Config, now: float
+                   ) -> Plan:
     with ExitStack() as stack:
         for module, name, ref in (
             (plan_module, "add_capacity", ref_add_capacity),
@@ -157,44 +158,45 @@ def reference_plan(snapshot: Snapshot, config: Config, now: float) -> Plan:
             (matching, "fitting_sites", ref_fitting_sites),
         ):
             stack.enter_context(mock.patch.object(module, name, ref))
-        return plan(snapshot, config, now)
+        return plan(snapshot, memory, config, now)
 
 
 @st.composite
-def with_gpu_pilots(draw: st.DrawFn) -> tuple[Snapshot, Config]:
+def with_gpu_pilots(draw: st.DrawFn) -> tuple[Snapshot, CycleMemory, Config]:
     """`scenarios()` with some pilots holding GPUs (a GPU share in their groups)."""
-    snap, cfg = draw(scenarios())
+    snap, mem, cfg = draw(scenarios())
     pilots = []
     for p in snap.pilots:
         gpus = draw(st.sampled_from((0, 0, 1, 2)))
         if gpus:
             p = dataclasses.replace(p, gpus=gpus, free_gpus=draw(st.integers(0, gpus)))
         pilots.append(p)
-    return dataclasses.replace(snap, pilots=tuple(pilots)), cfg
+    return dataclasses.replace(snap, pilots=tuple(pilots)), mem, cfg
 
 
 @SETTINGS
 @given(with_gpu_pilots(), st.sampled_from((0.0, 300.0, 90000.0)))
-def test_plan_decides_as_the_reference(sc: tuple[Snapshot, Config], later: float) -> None:
-    snap, cfg = sc
+def test_plan_decides_as_the_reference(sc: tuple[Snapshot, CycleMemory, Config],
+                                       later: float) -> None:
+    snap, mem, cfg = sc
     now = 100_000.0 + later
-    assert plan(snap, cfg, now) == reference_plan(snap, cfg, now)
+    assert plan(snap, mem, cfg, now) == reference_plan(snap, mem, cfg, now)
 
 
 @pytest.mark.parametrize("seed", range(6))
 def test_synthetic_snapshots_decide_as_the_reference(seed: int) -> None:
     """Many shapes, pilots in every state, an unknown site, the per-cycle caps reached:
     the benchmark's snapshot, smaller."""
-    snap, cfg = synthetic_snapshot(seed=seed, n_jobs=3000, n_shapes=60, n_pilots=400,
-                                   n_sites=(1, 3, 10)[seed % 3])
-    assert plan(snap, cfg, 1_000_000.0) == reference_plan(snap, cfg, 1_000_000.0)
+    snap, mem, cfg = synthetic_snapshot(seed=seed, n_jobs=3000, n_shapes=60, n_pilots=400,
+                                        n_sites=(1, 3, 10)[seed % 3])
+    assert plan(snap, mem, cfg, 1_000_000.0) == reference_plan(snap, mem, cfg, 1_000_000.0)
 
 
 @SETTINGS
 @given(scenarios(), shapes)
-def test_fitting_sites_is_site_rejects(sc: tuple[Snapshot, Config],
+def test_fitting_sites_is_site_rejects(sc: tuple[Snapshot, CycleMemory, Config],
                                        shape: matching.JobShape) -> None:
-    _snap, cfg = sc
+    _snap, _mem, cfg = sc
     item = item_of(shape)
     assert fitting_sites(shape, cfg.sites, item) == ref_fitting_sites(shape, cfg.sites, item)
 
@@ -202,8 +204,10 @@ def test_fitting_sites_is_site_rejects(sc: tuple[Snapshot, Config],
 def test_site_limits_follow_the_sites_asked_about() -> None:
     """`fitting_sites` reads the sites' limits once per tuple of sites: another tuple, the
     same sites in another order or a list are read anew."""
-    snap, small = synthetic_snapshot(seed=1, n_jobs=300, n_shapes=30, n_pilots=10, n_sites=3)
-    _snap, large = synthetic_snapshot(seed=2, n_jobs=300, n_shapes=30, n_pilots=10, n_sites=7)
+    snap, _mem, small = synthetic_snapshot(seed=1, n_jobs=300, n_shapes=30, n_pilots=10,
+                                           n_sites=3)
+    _snap, _mem, large = synthetic_snapshot(seed=2, n_jobs=300, n_shapes=30, n_pilots=10,
+                                            n_sites=7)
     for sites in (small.sites, large.sites, list(small.sites), small.sites[::-1], large.sites):
         for d in snap.demand:
             item = item_of(d.shape)

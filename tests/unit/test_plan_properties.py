@@ -12,6 +12,7 @@ from provisioner.config import Config, ReserveConfig
 from provisioner.decide.plan import plan, site_rejects
 from provisioner.model import (
     Cancel,
+    CycleMemory,
     Demand,
     Flag,
     JobShape,
@@ -30,6 +31,8 @@ from provisioner.model import (
 from .helpers import NOW, config, site
 
 SITES = ("a", "b", "c")
+#: what a cycle observed, what earlier cycles left, the configuration
+Scenario = tuple[Snapshot, CycleMemory, Config]
 SETTINGS = settings(max_examples=100, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
 
@@ -100,7 +103,7 @@ def pilots(draw: st.DrawFn, cfg: Config) -> list[Pilot]:
 
 
 @st.composite
-def scenarios(draw: st.DrawFn) -> tuple[Snapshot, Config]:
+def scenarios(draw: st.DrawFn) -> Scenario:
     cfg = draw(configs())
     ps = draw(pilots(cfg))
     flagged = {p.key: NOW - draw(st.sampled_from((0, 20, 300)))
@@ -109,11 +112,11 @@ def scenarios(draw: st.DrawFn) -> tuple[Snapshot, Config]:
     retiring = frozenset(p.key for p in ps if p.state in (PilotState.BUSY, PilotState.IDLE)
                          and draw(st.booleans()))
     snap = Snapshot(demand=tuple(draw(demands)), pilots=tuple(ps), sites=views,
-                    flagged=flagged, retiring=retiring,
-                    idle_cycles={k: draw(st.integers(0, 3)) for k in flagged},
-                    recent_arrivals=tuple(draw(arrivals)),
-                    arrival_window_s=draw(st.sampled_from((0.0, 900.0, 900.0))))
-    return snap, cfg
+                    recent_arrivals=tuple(draw(arrivals)))
+    memory = CycleMemory(flagged=flagged, retiring=retiring,
+                         idle_cycles={k: draw(st.integers(0, 3)) for k in flagged},
+                         arrival_window_s=draw(st.sampled_from((0.0, 900.0, 900.0))))
+    return snap, memory, cfg
 
 
 def by_type(p: Plan, kind: type) -> list:  # type: ignore[type-arg]
@@ -122,9 +125,9 @@ def by_type(p: Plan, kind: type) -> list:  # type: ignore[type-arg]
 
 @SETTINGS
 @given(scenarios())
-def test_never_exceeds_any_cap(sc: tuple[Snapshot, Config]) -> None:
-    snap, cfg = sc
-    result = plan(snap, cfg, NOW)
+def test_never_exceeds_any_cap(sc: Scenario) -> None:
+    snap, mem, cfg = sc
+    result = plan(snap, mem, cfg, NOW)
     subs = by_type(result, Submit)
     assert sum(s.count for s in subs) <= cfg.policy.max_submit_per_cycle
     known = {v.name for v in snap.sites if v.known}
@@ -145,23 +148,23 @@ def test_never_exceeds_any_cap(sc: tuple[Snapshot, Config]) -> None:
 
 @SETTINGS
 @given(scenarios())
-def test_never_plans_for_unmatchable_jobs(sc: tuple[Snapshot, Config]) -> None:
-    snap, cfg = sc
-    result = plan(snap, cfg, NOW)
+def test_never_plans_for_unmatchable_jobs(sc: Scenario) -> None:
+    snap, mem, cfg = sc
+    result = plan(snap, mem, cfg, NOW)
     for u in result.unmatchable:
         assert all(site_rejects(u.shape, s) for s in cfg.sites)
         assert u.reason
     unmatchable = {u.shape for u in result.unmatchable}
     matchable_only = dataclasses.replace(
         snap, demand=tuple(d for d in snap.demand if d.shape not in unmatchable))
-    assert plan(matchable_only, cfg, NOW).actions == result.actions
+    assert plan(matchable_only, mem, cfg, NOW).actions == result.actions
 
 
 @SETTINGS
 @given(scenarios())
-def test_pilot_actions_respect_state(sc: tuple[Snapshot, Config]) -> None:
-    snap, cfg = sc
-    result = plan(snap, cfg, NOW)
+def test_pilot_actions_respect_state(sc: Scenario) -> None:
+    snap, mem, cfg = sc
+    result = plan(snap, mem, cfg, NOW)
     known = {v.name for v in snap.sites if v.known}
     seen: Counter[str] = Counter()
     for a in result.actions:
@@ -182,32 +185,32 @@ def test_pilot_actions_respect_state(sc: tuple[Snapshot, Config]) -> None:
                 p.state is PilotState.STARTING and p.started_at is not None
                 and NOW - p.started_at > cfg.policy.start_timeout_s)
         if isinstance(a, Unflag):
-            assert p.key in snap.flagged
+            assert p.key in mem.flagged
             # bookkeeping: may come with a retire order or its withdrawal
             seen[p.key] -= any(isinstance(b, Retire | Unretire) and b.pilot.key == p.key
                                for b in result.actions)
         if isinstance(a, Flag):
-            assert p.key not in snap.flagged
+            assert p.key not in mem.flagged
         if isinstance(a, Retire):
             assert p.state is PilotState.BUSY, "only busy pilots are retired"
-            assert p.key not in snap.retiring
+            assert p.key not in mem.retiring
         if isinstance(a, Unretire):
-            assert p.key in snap.retiring
+            assert p.key in mem.retiring
     assert all(n == 1 for n in seen.values()), "at most one action per pilot"
 
 
 @SETTINGS
 @given(scenarios())
-def test_no_pilot_is_retired_while_demand_waits_for_capacity(sc: tuple[Snapshot, Config]) -> None:
+def test_no_pilot_is_retired_while_demand_waits_for_capacity(sc: Scenario) -> None:
     """A retire order stands only in a cycle that placed every idle job on pilots
     already in the pool and expects no arrival: no submission, nothing left over, no
     reserve, no demand waiting for a pending or starting pilot. In any other cycle
     every order is withdrawn."""
-    snap, cfg = sc
-    result = plan(snap, cfg, NOW)
+    snap, mem, cfg = sc
+    result = plan(snap, mem, cfg, NOW)
     retired = by_type(result, Retire)
     withdrawn = {a.pilot.key for a in by_type(result, Unretire)}
-    standing = {k for k in snap.retiring if k not in withdrawn} | {a.pilot.key for a in retired}
+    standing = {k for k in mem.retiring if k not in withdrawn} | {a.pilot.key for a in retired}
     alive = {p.key: p for p in snap.pilots}
     known = {v.name for v in snap.sites if v.known}
     waiting = result.submits or result.unplaced_jobs or result.reserve_jobs
@@ -219,17 +222,17 @@ def test_no_pilot_is_retired_while_demand_waits_for_capacity(sc: tuple[Snapshot,
 
 @SETTINGS
 @given(scenarios())
-def test_release_only_after_consecutive_idle_observations(sc: tuple[Snapshot, Config]) -> None:
-    snap, cfg = sc
+def test_release_only_after_consecutive_idle_observations(sc: Scenario) -> None:
+    snap, mem, cfg = sc
     n = cfg.policy.idle_release_cycles
-    for a in by_type(plan(snap, cfg, NOW), Release):
+    for a in by_type(plan(snap, mem, cfg, NOW), Release):
         key = a.pilot.key
-        before = snap.idle_cycles.get(key, 0)
-        if key in snap.flagged and snap.flagged[key] < NOW:
+        before = mem.idle_cycles.get(key, 0)
+        if key in mem.flagged and mem.flagged[key] < NOW:
             before = max(before, 1)
         assert before + 1 >= n
         if n >= 2:
-            assert key in snap.flagged and snap.flagged[key] < NOW
+            assert key in mem.flagged and mem.flagged[key] < NOW
 
 
 def planned_capacity(snap: Snapshot, result: Plan) -> tuple[int, int]:
@@ -246,15 +249,15 @@ def planned_capacity(snap: Snapshot, result: Plan) -> tuple[int, int]:
 @given(scenarios(), st.lists(st.builds(Demand, shape=shapes, idle=st.integers(1, 30)),
                              min_size=1, max_size=3))
 def test_more_demand_never_reduces_planned_capacity(
-        sc: tuple[Snapshot, Config], extra: list[Demand]) -> None:
+        sc: Scenario, extra: list[Demand]) -> None:
     """More idle jobs never mean fewer pilots kept or planned; and when no cap binds, never
     fewer cores. (Under a cap on the pilot count the cores can drop: which jobs share the
     capped pilots is a greedy bin-packing choice, and a bigger job can crowd out a
     better-packing set.)"""
-    snap, cfg = sc
+    snap, mem, cfg = sc
     more = dataclasses.replace(snap, demand=snap.demand + tuple(extra))
-    plan_more = plan(more, cfg, NOW)
-    pilots_before, cores_before = planned_capacity(snap, plan(snap, cfg, NOW))
+    plan_more = plan(more, mem, cfg, NOW)
+    pilots_before, cores_before = planned_capacity(snap, plan(snap, mem, cfg, NOW))
     pilots_after, cores_after = planned_capacity(more, plan_more)
     assert pilots_after >= pilots_before
     if plan_more.unplaced_jobs == 0:
@@ -265,54 +268,55 @@ def test_more_demand_never_reduces_planned_capacity(
 @given(configs())
 def test_empty_queue_no_pilots_plans_nothing(cfg: Config) -> None:
     snap = Snapshot(demand=(), pilots=(), sites=tuple(SiteView(n, True) for n in SITES))
-    assert plan(snap, cfg, NOW).actions == ()
+    assert plan(snap, CycleMemory(), cfg, NOW).actions == ()
 
 
 @SETTINGS
 @given(scenarios())
-def test_pool_unknown_means_no_actions(sc: tuple[Snapshot, Config]) -> None:
-    snap, cfg = sc
+def test_pool_unknown_means_no_actions(sc: Scenario) -> None:
+    snap, mem, cfg = sc
     blind = dataclasses.replace(snap, pool_known=False)
-    assert plan(blind, cfg, NOW).actions == ()
+    assert plan(blind, mem, cfg, NOW).actions == ()
 
 
 @SETTINGS
 @given(scenarios())
-def test_plan_is_deterministic(sc: tuple[Snapshot, Config]) -> None:
-    snap, cfg = sc
-    assert plan(snap, cfg, NOW) == plan(snap, cfg, NOW)
+def test_plan_is_deterministic(sc: Scenario) -> None:
+    snap, mem, cfg = sc
+    assert plan(snap, mem, cfg, NOW) == plan(snap, mem, cfg, NOW)
 
 
-def without_arrivals(snap: Snapshot) -> Snapshot:
-    return dataclasses.replace(snap, recent_arrivals=(), arrival_window_s=0.0)
+def without_arrivals(snap: Snapshot, mem: CycleMemory) -> tuple[Snapshot, CycleMemory]:
+    return (dataclasses.replace(snap, recent_arrivals=()),
+            dataclasses.replace(mem, arrival_window_s=0.0))
 
 
 @SETTINGS
 @given(scenarios())
-def test_reserve_bounded_and_zero_without_arrivals(sc: tuple[Snapshot, Config]) -> None:
+def test_reserve_bounded_and_zero_without_arrivals(sc: Scenario) -> None:
     """The reserve never exceeds max_jobs; no arrivals (or no window) means no reserve and
     exactly the plan of a service that does not know arrivals at all."""
-    snap, cfg = sc
-    result = plan(snap, cfg, NOW)
+    snap, mem, cfg = sc
+    result = plan(snap, mem, cfg, NOW)
     assert 0 <= result.reserve_held <= result.reserve_jobs <= cfg.policy.reserve.max_jobs
     assert sum(s.reserve_jobs for s in result.summary) <= result.reserve_held
-    bare = without_arrivals(snap)
-    plain = plan(bare, cfg, NOW)
+    bare, bare_mem = without_arrivals(snap, mem)
+    plain = plan(bare, bare_mem, cfg, NOW)
     assert plain.reserve_jobs == 0
     off = cfg.model_copy(update={"policy": cfg.policy.model_copy(
         update={"reserve": ReserveConfig(enabled=False)})})
-    assert plan(bare, off, NOW) == plain
-    if not snap.recent_arrivals or snap.arrival_window_s == 0:
+    assert plan(bare, bare_mem, off, NOW) == plain
+    if not snap.recent_arrivals or mem.arrival_window_s == 0:
         assert result == plain
 
 
 @SETTINGS
 @given(scenarios())
-def test_reserve_never_takes_capacity_from_real_demand(sc: tuple[Snapshot, Config]) -> None:
+def test_reserve_never_takes_capacity_from_real_demand(sc: Scenario) -> None:
     """Real demand is placed exactly as without a reserve; the reserve only adds."""
-    snap, cfg = sc
-    with_reserve = plan(snap, cfg, NOW)
-    plain = plan(without_arrivals(snap), cfg, NOW)
+    snap, mem, cfg = sc
+    with_reserve = plan(snap, mem, cfg, NOW)
+    plain = plan(*without_arrivals(snap, mem), cfg, NOW)
     assert with_reserve.unplaced_jobs == plain.unplaced_jobs
     assert with_reserve.unmatchable == plain.unmatchable
     for a, b in zip(with_reserve.summary, plain.summary, strict=True):
@@ -324,10 +328,10 @@ def test_reserve_never_takes_capacity_from_real_demand(sc: tuple[Snapshot, Confi
 
 @SETTINGS
 @given(scenarios())
-def test_reserve_only_for_matchable_arrivals(sc: tuple[Snapshot, Config]) -> None:
-    snap, cfg = sc
+def test_reserve_only_for_matchable_arrivals(sc: Scenario) -> None:
+    snap, mem, cfg = sc
     matchable = tuple(
         d for d in snap.recent_arrivals
         if any(not site_rejects(d.shape, s) for s in cfg.sites))
     only = dataclasses.replace(snap, recent_arrivals=matchable)
-    assert plan(only, cfg, NOW) == plan(snap, cfg, NOW)
+    assert plan(only, mem, cfg, NOW) == plan(snap, mem, cfg, NOW)

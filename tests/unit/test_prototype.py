@@ -22,7 +22,7 @@ from provisioner.pool.prototype import (
     prototype_ad,
     site_verdict,
 )
-from tests.unit.helpers import NOW, config, pilot, site, snap
+from tests.unit.helpers import NOW, config, memory, pilot, site, snap
 
 #: What condor_submit writes for a vanilla job with file transfer.
 DEFAULT = ('(TARGET.Arch == "X86_64") && (TARGET.OpSys == "LINUX") && '
@@ -132,7 +132,7 @@ def test_plan_provisions_nothing_for_an_unmatchable_group_and_keeps_no_pilot() -
     demand = annotate(cfg, shape("TARGET.HasCVMFS_atlas"))
     s = snap(pilots=[pilot("7", PilotState.IDLE)], sites=("gsi", "frankfurt"))
     s = s.__class__(**{**s.__dict__, "demand": tuple(demand)})
-    result = plan(s, cfg, NOW)
+    result = plan(s, memory(), cfg, NOW)
     assert not result.submits
     assert [u.reason for u in result.unmatchable] == [demand[0].mismatch]
     assert [type(a).__name__ for a in result.actions] == ["Flag"]  # the idle pilot goes
@@ -142,7 +142,7 @@ def test_a_group_restricted_to_one_site_gets_pilots_there_only() -> None:
     cfg = two_sites()
     demand = annotate(cfg, shape('TARGET.PilotSite == "frankfurt"'))
     s = snap(sites=("gsi", "frankfurt"))
-    result = plan(s.__class__(**{**s.__dict__, "demand": tuple(demand)}), cfg, NOW)
+    result = plan(s.__class__(**{**s.__dict__, "demand": tuple(demand)}), memory(), cfg, NOW)
     assert {a.site for a in result.submits} == {"frankfurt"}
 
 
@@ -228,8 +228,8 @@ def test_a_plain_jobs_requirements_change_no_decision(rows: list[tuple]) -> None
         Demand(replace(d.shape, requirements=DEFAULT, match_attrs=FSD), d.idle) for d in plain)
     base = snap(pilots=[pilot("7", PilotState.IDLE, cpus=4, memory_mb=8000)],
                 sites=("gsi", "frankfurt"))
-    a = plan(replace(base, demand=tuple(plain)), cfg, NOW)
-    b = plan(replace(base, demand=evaluated), cfg, NOW)
+    a = plan(replace(base, demand=tuple(plain)), memory(), cfg, NOW)
+    b = plan(replace(base, demand=evaluated), memory(), cfg, NOW)
     assert a.actions == b.actions
     assert sorted((u.idle, u.reason) for u in a.unmatchable) == sorted(
         (u.idle, u.reason) for u in b.unmatchable)

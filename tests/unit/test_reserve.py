@@ -16,7 +16,7 @@ from provisioner.decide.plan import plan, reserve_size
 from provisioner.decide.reserve import reserve_lead
 from provisioner.model import Cancel, Flag, JobShape, PilotState, Release, Submit
 
-from .helpers import NOW, config, pilot, site, snap
+from .helpers import NOW, config, memory, pilot, site, snap
 
 ONE = JobShape(1, 2000)
 RES = ReserveConfig(window_s=900, lead_s=240, factor=2.5, max_jobs=64)
@@ -38,14 +38,14 @@ def test_reserve_size_formula_and_zero_cases() -> None:
 
 
 def test_no_arrivals_no_reserve() -> None:
-    result = plan(snap([(ONE, 3)]), config(reserve=RES), NOW)
+    result = plan(snap([(ONE, 3)]), memory(), config(reserve=RES), NOW)
     assert result.reserve_jobs == 0
     assert sum(s.cpus * s.count for s in submits(result)) == 3
 
 
 def test_reserve_submits_pilots_without_idle_jobs() -> None:
     cfg = config(site(max_pilots=100, max_pending=50, max_submit=50), reserve=RES)
-    result = plan(snap(arrivals=[(ONE, 60)]), cfg, NOW)
+    result = plan(snap(arrivals=[(ONE, 60)]), memory(), cfg, NOW)
     assert result.reserve_jobs == result.reserve_held == 15
     assert sum(s.cpus * s.count for s in submits(result)) == 15  # target_cpus None: packed
     assert all("reserve" in s.reason for s in submits(result))
@@ -53,7 +53,7 @@ def test_reserve_submits_pilots_without_idle_jobs() -> None:
 
 def test_reserve_comes_after_real_demand_under_caps() -> None:
     cfg = config(site(cpus=1, max_pilots=100, max_pending=50, max_submit=4), reserve=RES)
-    result = plan(snap([(ONE, 3)], arrivals=[(ONE, 60)]), cfg, NOW)
+    result = plan(snap([(ONE, 3)], arrivals=[(ONE, 60)]), memory(), cfg, NOW)
     assert sum(s.count for s in submits(result)) == 4
     assert result.unplaced_jobs == 0 and result.reserve_held == 1
 
@@ -62,30 +62,31 @@ def test_idle_pilot_holding_the_reserve_is_kept() -> None:
     idle = pilot("1", PilotState.IDLE, cpus=1, memory_mb=4000)
     flagged = {idle.key: NOW - 300}
     cfg = config(reserve=RES)
-    kept = plan(snap([], [idle], flagged=flagged, arrivals=[(ONE, 4)]), cfg, NOW)
+    kept = plan(snap([], [idle], arrivals=[(ONE, 4)]), memory(flagged=flagged), cfg, NOW)
     assert not [a for a in kept.actions if isinstance(a, (Release, Flag))]
-    released = plan(snap([], [idle], flagged=flagged), cfg, NOW)
+    released = plan(snap([], [idle]), memory(flagged=flagged), cfg, NOW)
     assert [a for a in released.actions if isinstance(a, Release)]
 
 
 def test_pending_pilot_holding_the_reserve_is_not_cancelled() -> None:
     pending = pilot("1", PilotState.PENDING, cpus=1, memory_mb=4000)
     cfg = config(reserve=RES)
-    assert not [a for a in plan(snap([], [pending], arrivals=[(ONE, 4)]), cfg, NOW).actions
-                if isinstance(a, Cancel)]
-    assert plan(snap([], [pending]), cfg, NOW).unneeded == (pending.key,)
+    kept = plan(snap([], [pending], arrivals=[(ONE, 4)]), memory(), cfg, NOW)
+    assert not [a for a in kept.actions if isinstance(a, Cancel)]
+    assert plan(snap([], [pending]), memory(), cfg, NOW).unneeded == (pending.key,)
 
 
 def test_unmatchable_arrivals_cause_no_reserve() -> None:
     huge = JobShape(1, 2_000_000)
-    result = plan(snap(arrivals=[(huge, 500)]), config(reserve=RES), NOW)
+    result = plan(snap(arrivals=[(huge, 500)]), memory(), config(reserve=RES), NOW)
     assert result.reserve_jobs == 0 and result.actions == ()
 
 
 def test_reserve_slot_fits_the_largest_memory_of_its_core_count() -> None:
     cfg = config(site(target_cpus=1, max_pilots=100, max_pending=50, max_submit=50),
                  reserve=RES.model_copy(update={"max_jobs": 1}))
-    result = plan(snap(arrivals=[(JobShape(1, 1000), 50), (JobShape(1, 9000), 1)]), cfg, NOW)
+    result = plan(snap(arrivals=[(JobShape(1, 1000), 50), (JobShape(1, 9000), 1)]), memory(),
+                  cfg, NOW)
     (s,) = submits(result)
     assert s.count == 1 and s.cpus == 1 and s.memory_mb >= 9088
 
@@ -93,7 +94,8 @@ def test_reserve_slot_fits_the_largest_memory_of_its_core_count() -> None:
 def test_reserve_split_by_core_count() -> None:
     cfg = config(site(target_cpus=1, max_pilots=100, max_pending=50, max_submit=50),
                  reserve=RES.model_copy(update={"max_jobs": 4}))
-    result = plan(snap(arrivals=[(JobShape(1, 1000), 60), (JobShape(8, 8000), 20)]), cfg, NOW)
+    result = plan(snap(arrivals=[(JobShape(1, 1000), 60), (JobShape(8, 8000), 20)]), memory(),
+                  cfg, NOW)
     cores = sorted(c for s in submits(result) for c in [s.cpus] * s.count)
     assert cores == [1, 1, 1, 8]
 
@@ -131,9 +133,8 @@ def test_reserve_grows_ahead_of_a_growing_queue() -> None:
 def test_plan_uses_the_departures_of_the_snapshot() -> None:
     cfg = config(site(max_pilots=100, max_pending=50, max_submit=50), reserve=RES)
     steady = snap(arrivals=[(ONE, 60)])
-    growing = dataclasses.replace(steady, recent_departures=0)
-    assert plan(steady, cfg, NOW).reserve_jobs == 15
-    assert plan(growing, cfg, NOW).reserve_jobs == 24
+    assert plan(steady, memory(), cfg, NOW).reserve_jobs == 15
+    assert plan(steady, memory(recent_departures=0), cfg, NOW).reserve_jobs == 24
 
 
 @given(arrivals=st.integers(0, 5000), departures=st.one_of(st.none(), st.integers(0, 5000)),
@@ -152,12 +153,12 @@ def test_cycle_line_says_why_the_reserve_has_its_size() -> None:
     from provisioner.service.loop import CycleResult, Observation, summary_line
 
     cfg = config(site(max_pilots=100, max_pending=50, max_submit=50), reserve=RES)
-    s = dataclasses.replace(snap(arrivals=[(ONE, 60)]), recent_departures=0)
-    line = summary_line(CycleResult("test", Observation(s, {}, {}), plan(s, cfg, NOW)))
+    s, m = snap(arrivals=[(ONE, 60)]), memory(recent_departures=0)
+    line = summary_line(CycleResult("test", Observation(s, {}, {}), plan(s, m, cfg, NOW),
+                                    memory=m))
     assert "reserve 24/24 slots (arrived 60, left 0 in 900 s)" in line
-    unknown = snap(arrivals=[(ONE, 60)])
-    line = summary_line(CycleResult("test", Observation(unknown, {}, {}),
-                                    plan(unknown, cfg, NOW)))
+    line = summary_line(CycleResult("test", Observation(s, {}, {}), plan(s, memory(), cfg, NOW),
+                                    memory=memory()))
     assert "(arrived 60, left ? in 900 s)" in line
 
 
@@ -169,7 +170,8 @@ def test_reserve_split_gives_rare_shapes_more_than_their_count() -> None:
 
     cfg = config(reserve=RES)
     eight = JobShape(8, 16000)
-    rows, _size = reserve_rows(snap(arrivals=[(ONE, 90), (eight, 10)]), cfg, cfg.sites, NOW)
+    rows, _size = reserve_rows(snap(arrivals=[(ONE, 90), (eight, 10)]), memory(), cfg,
+                               cfg.sites, NOW)
     assert {(r.item.cpus, r.jobs) for r in rows} == {(1, 14), (8, 5)}
 
 
@@ -192,8 +194,8 @@ def test_a_handful_of_arrivals_is_not_a_rate() -> None:
     no reserve; the same count arriving at 4 distinct times does."""
     cfg = config(reserve=RES)
     s = snap(arrivals=[(ONE, 12)])
-    assert plan(dataclasses.replace(s, arrival_times=2), cfg, NOW).reserve_jobs == 0
-    assert plan(dataclasses.replace(s, arrival_times=4), cfg, NOW).reserve_jobs > 0
+    assert plan(s, memory(arrival_times=2), cfg, NOW).reserve_jobs == 0
+    assert plan(s, memory(arrival_times=4), cfg, NOW).reserve_jobs > 0
 
 
 def brute_loss(a: float, d: float, stock: int) -> float:
@@ -253,10 +255,10 @@ def test_the_departures_scenario_sizes_the_reserve_with_the_lead_learnt_from_pil
         now = NOW + 601
         late = dataclasses.replace(snap(arrivals=[(small, 10)], pilots=pilots),
                                    last_arrival_at=now - 1)
-        s = ctl.prepare(late, now, QueueSize(12, 2))
-        assert s.recent_departures == 1 and abs(s.arrival_window_s - 601) < 1e-6
-        return plan(s, cfg, now).reserve_jobs, reserve_size(10, 601, cfg, 1), reserve_lead(
-            s, cfg)
+        s, m = ctl.prepare(late, now, QueueSize(12, 2))
+        assert m.recent_departures == 1 and abs(m.arrival_window_s - 601) < 1e-6
+        return (plan(s, m, cfg, now).reserve_jobs, reserve_size(10, 601, cfg, 1),
+                reserve_lead(m, cfg))
 
     assert sized([]) == (7, 7, 240)  # nothing learnt: lead_s
     got, unlearnt, lead = sized([up])

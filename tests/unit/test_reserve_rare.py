@@ -18,7 +18,7 @@ from provisioner.decide.controller import Controller, QueueSize
 from provisioner.decide.reserve import ShapeRates, reserve_rows, slots_worth
 from provisioner.model import JobShape, PilotState, Submit
 
-from .helpers import NOW, config, pilot, site, snap
+from .helpers import NOW, config, memory, pilot, site, snap
 
 ONE = JobShape(1, 2000)
 EIGHT = JobShape(8, 16000)
@@ -36,8 +36,9 @@ WATCHED = RES.model_copy(update={"min_use_chance": 0.0, "max_idle_leads": 0,
                                  "min_arrival_times": 1})  # the no-claim watch alone
 
 
-def cpus_of_rows(s, cfg) -> dict[int, int]:  # type: ignore[no-untyped-def]
-    rows, _size = reserve_rows(s, cfg, cfg.sites, NOW)
+def cpus_of_rows(s, cfg, rates=None) -> dict[int, int]:  # type: ignore[no-untyped-def]
+    """The reserve's cores per row for snapshot `s`, the shapes' `rates` remembered."""
+    rows, _size = reserve_rows(s, memory(shape_rates=rates or {}), cfg, cfg.sites, NOW)
     return {r.item.cpus: r.jobs for r in rows}
 
 
@@ -45,10 +46,10 @@ def test_a_shape_unlikely_to_claim_a_slot_within_the_noclaim_time_gets_none() ->
     cfg = config(reserve=RES)  # noclaim 1200 s; chance 0.5 needs 0.69 jobs per 1200 s
     often = snap(arrivals=[(ONE, 60), (EIGHT, 10)])  # 8-core: 40/h
     assert set(cpus_of_rows(often, cfg)) == {1, 8}
-    rare = dataclasses.replace(often, shape_rates={(1, 0): 60 / 900, (8, 0): 1 / 7200})
-    assert set(cpus_of_rows(rare, cfg)) == {1}  # one 8-core job per 2 h: no slot
+    rare = {(1, 0): 60 / 900, (8, 0): 1 / 7200}
+    assert set(cpus_of_rows(often, cfg, rare)) == {1}  # one 8-core job per 2 h: no slot
     off = config(reserve=RES.model_copy(update={"min_use_chance": 0.0, "max_idle_leads": 0}))
-    assert set(cpus_of_rows(rare, off)) == {1, 8}
+    assert set(cpus_of_rows(often, off, rare)) == {1, 8}
 
 
 def test_a_slot_that_would_idle_longer_than_the_waits_it_saves_is_not_kept() -> None:
@@ -56,13 +57,13 @@ def test_a_slot_that_would_idle_longer_than_the_waits_it_saves_is_not_kept() -> 
     # would idle 25 min per use to save one lead time (240 s): over 6 lead times (24 min)
     cfg = config(reserve=PRICED)
     rates = {(1, 0): 60 / 900, (8, 0): 2.4 / 3600}
-    mix = dataclasses.replace(snap(arrivals=[(ONE, 60), (EIGHT, 1)]), shape_rates=rates)
-    assert set(cpus_of_rows(mix, cfg)) == {1}
+    mix = snap(arrivals=[(ONE, 60), (EIGHT, 1)])
+    assert set(cpus_of_rows(mix, cfg, rates)) == {1}
     unpriced = config(reserve=RES.model_copy(update={"max_idle_leads": 0}))
-    assert set(cpus_of_rows(mix, unpriced)) == {1, 8}
+    assert set(cpus_of_rows(mix, unpriced, rates)) == {1, 8}
     # the same shape where a new pilot takes 15 minutes: a slot saves that much wait
     slow = config(reserve=PRICED.model_copy(update={"lead_s": 900}))
-    assert set(cpus_of_rows(mix, slow)) == {1, 8}
+    assert set(cpus_of_rows(mix, slow, rates)) == {1, 8}
 
 
 @given(rate_h=st.floats(0.1, 100), lead=st.floats(30, 3600), more=st.floats(1, 10))
@@ -72,9 +73,8 @@ def test_a_shape_kept_at_some_rate_and_lead_is_kept_at_higher_ones(
     a shape is kept only when its slot idles at most max_idle_leads lead times per use."""
     def kept(r: float, lead_s: float) -> bool:
         cfg = config(reserve=PRICED.model_copy(update={"lead_s": lead_s}))
-        s = dataclasses.replace(snap(arrivals=[(ONE, 60), (EIGHT, 1)]),
-                                shape_rates={(1, 0): 60 / 900, (8, 0): r / 3600})
-        return 8 in cpus_of_rows(s, cfg)
+        s = snap(arrivals=[(ONE, 60), (EIGHT, 1)])
+        return 8 in cpus_of_rows(s, cfg, {(1, 0): 60 / 900, (8, 0): r / 3600})
     here = kept(rate_h, lead)
     if here:
         assert kept(rate_h * more, lead) and kept(rate_h, lead * more)
@@ -86,7 +86,7 @@ def test_the_rate_of_a_rare_shape_counts_the_windows_that_did_not_see_it() -> No
     rates = ShapeRates()
     for i in range(8):  # one window of 15 minutes in eight held an 8-core job
         arrivals = [(ONE, 60)] + ([(EIGHT, 1)] if i == 3 else [])
-        rates.observe(snap(arrivals=arrivals), cfg, NOW + 900 * i)
+        rates.observe(snap(arrivals=arrivals), 900.0, cfg, NOW + 900 * i)
     got = rates.rates(NOW + 7200)
     assert abs(got[(1, 0)] - 60 / 900) < 1e-9
     assert abs(got[(8, 0)] - 1 / 7200) < 1e-9  # one 8-core job in two hours
@@ -129,13 +129,12 @@ def test_a_rare_shape_shares_the_room_of_quicker_ones_but_a_shape_alone_keeps_it
     # alone, as in a trickle, they keep their reserve; next to a quick one-core stream an
     # 8-core shape that slow shares that stream's room instead
     cfg = config(reserve=RES.model_copy(update={"max_idle_leads": 3.0}))
-    trickle = dataclasses.replace(snap(arrivals=[(ONE, 4)]), shape_rates={(1, 0): 3 / 3600})
-    assert set(cpus_of_rows(trickle, cfg)) == {1}
-    eight = dataclasses.replace(snap(arrivals=[(EIGHT, 4)]), shape_rates={(8, 0): 3 / 3600})
-    assert set(cpus_of_rows(eight, cfg)) == {8}
-    mix = dataclasses.replace(snap(arrivals=[(ONE, 60), (EIGHT, 1)]),
-                              shape_rates={(1, 0): 60 / 900, (8, 0): 3 / 3600})
-    assert set(cpus_of_rows(mix, cfg)) == {1}
+    trickle = snap(arrivals=[(ONE, 4)])
+    assert set(cpus_of_rows(trickle, cfg, {(1, 0): 3 / 3600})) == {1}
+    eight = snap(arrivals=[(EIGHT, 4)])
+    assert set(cpus_of_rows(eight, cfg, {(8, 0): 3 / 3600})) == {8}
+    mix = snap(arrivals=[(ONE, 60), (EIGHT, 1)])
+    assert set(cpus_of_rows(mix, cfg, {(1, 0): 60 / 900, (8, 0): 3 / 3600})) == {1}
 
 
 @given(one_h=st.floats(0.5, 400), eight_h=st.floats(0.5, 400))
@@ -144,9 +143,8 @@ def test_a_slow_shape_keeps_room_exactly_when_no_quick_shape_keeps_some(
     """Two shapes, no no-claim gate: a shape under the price (``rate * lead *
     max_idle_leads < 1``) keeps its own slots only when the other is under it too."""
     cfg = config(reserve=PRICED.model_copy(update={"min_use_chance": 0.0}))
-    s = dataclasses.replace(snap(arrivals=[(ONE, 60), (EIGHT, 60)]),
-                            shape_rates={(1, 0): one_h / 3600, (8, 0): eight_h / 3600})
-    got = set(cpus_of_rows(s, cfg))
+    s = snap(arrivals=[(ONE, 60), (EIGHT, 60)])
+    got = set(cpus_of_rows(s, cfg, {(1, 0): one_h / 3600, (8, 0): eight_h / 3600}))
     quick = {c for c, r in ((1, one_h), (8, eight_h))
              if r / 3600 * PRICED.lead_s * PRICED.max_idle_leads >= 1}
     assert got == (quick or {1, 8})
@@ -190,14 +188,14 @@ def test_a_shape_kept_for_its_price_holds_only_the_slots_that_pay() -> None:
     # would idle 12 minutes per use at the earliest)
     cfg = config(reserve=RES.model_copy(update={"max_idle_leads": 3.0}))
     rates = {(1, 0): 60 / 3600, (8, 0): 8 / 3600}
-    mix = dataclasses.replace(snap(arrivals=[(ONE, 60), (EIGHT, 8)]), shape_rates=rates)
-    rows, size = reserve_rows(mix, cfg, cfg.sites, NOW)
+    mix = snap(arrivals=[(ONE, 60), (EIGHT, 8)])
+    rows, size = reserve_rows(mix, memory(shape_rates=rates), cfg, cfg.sites, NOW)
     got = {r.item.cpus: r.jobs for r in rows}
     assert slots_worth(8 / 3600, 1200, 3 * 240, 64) == 1
     assert got[8] == 1 and size == 16
     assert got[1] == slots_worth(60 / 3600, 1200, 3 * 240, 64) == 11
     unpriced = config(reserve=RES.model_copy(update={"max_idle_leads": 0}))
-    assert cpus_of_rows(mix, unpriced)[8] >= 2
+    assert cpus_of_rows(mix, unpriced, rates)[8] >= 2
 
 
 def test_a_shape_alone_holds_what_the_size_gives_it() -> None:
@@ -205,6 +203,7 @@ def test_a_shape_alone_holds_what_the_size_gives_it() -> None:
     # is there to share, so the shape keeps the base stock the size asks for (as a
     # trickle keeps its reserve); beside a quicker stream the same shape holds one slot
     cfg = config(reserve=RES.model_copy(update={"max_idle_leads": 3.0}))
-    alone = dataclasses.replace(snap(arrivals=[(EIGHT, 8)]), shape_rates={(8, 0): 8 / 3600})
-    rows, size = reserve_rows(alone, cfg, cfg.sites, NOW)
+    alone = snap(arrivals=[(EIGHT, 8)])
+    rows, size = reserve_rows(alone, memory(shape_rates={(8, 0): 8 / 3600}), cfg, cfg.sites,
+                              NOW)
     assert slots_worth(8 / 3600, 1200, 3 * 240, 64) == 1 < size == sum(r.jobs for r in rows)

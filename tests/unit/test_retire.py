@@ -184,17 +184,17 @@ def test_the_controller_remembers_orders_forgets_gone_pilots_and_survives_a_rest
     busy = pilot("1", PilotState.BUSY)
     result = c.cycle(snap([], [busy]), NOW)
     assert [type(a) for a in result.actions] == [Retire]
-    assert c.retiring == {"gsi/1"}
+    assert c.memory.retiring == {"gsi/1"}
     again = Controller(cfg)
     again.load(c.state())
-    assert again.retiring == {"gsi/1"}
+    assert again.memory.retiring == {"gsi/1"}
     # a restarted service withdraws the order when demand returns
     result = again.cycle(snap([(JobShape(16, 60000), 1)], [busy]), NOW + 10)
     assert [type(a) for a in result.actions if isinstance(a, Unretire)] == [Unretire]
-    assert again.retiring == set()
+    assert again.memory.retiring == set()
     # a pilot that left is forgotten; an unknown site keeps what it had
     c.cycle(snap([], []), NOW + 20)
-    assert c.retiring == set()
+    assert c.memory.retiring == set()
 
 
 def test_an_order_that_could_not_be_sent_is_decided_again() -> None:
@@ -202,12 +202,12 @@ def test_an_order_that_could_not_be_sent_is_decided_again() -> None:
     busy = pilot("1", PilotState.BUSY)
     retire = c.cycle(snap([], [busy]), NOW).actions[0]
     c.not_sent(retire)
-    assert c.retiring == set()
+    assert c.memory.retiring == set()
     assert [type(a) for a in c.cycle(snap([], [busy]), NOW + 10).actions] == [Retire]
     unretire = c.cycle(snap([(JobShape(16, 60000), 1)], [busy]), NOW + 20).actions
     withdrawal = next(a for a in unretire if isinstance(a, Unretire))
     c.not_sent(withdrawal)
-    assert c.retiring == {"gsi/1"}
+    assert c.memory.retiring == {"gsi/1"}
 
 
 # -- the simulator ------------------------------------------------------------------

@@ -32,7 +32,7 @@ from provisioner.service.journal import Journal
 from provisioner.service.loop import Provisioner
 
 from .fakes import Clock, FakeBackend, FakePool
-from .helpers import NOW, config, pilot, snap
+from .helpers import NOW, config, memory, pilot, snap
 from .test_boundaries import Ad
 from .test_service_act import idle_ad, make_world, release_of, running_job
 
@@ -263,16 +263,16 @@ def test_no_scale_down_while_a_schedd_is_unknown() -> None:
     cfg = config()
     pilots = [pilot("1", PilotState.IDLE), pilot("2", PilotState.BUSY),
               pilot("3", PilotState.IDLE)]
-    s = snap(pilots=pilots, flagged={"gsi/3": NOW - 120})
-    s = replace(s, idle_cycles={"gsi/3": 5})
-    whole = plan(s, cfg, NOW).actions
+    s = snap(pilots=pilots)
+    m = memory(flagged={"gsi/3": NOW - 120}, idle_cycles={"gsi/3": 5})
+    whole = plan(s, m, cfg, NOW).actions
     assert {type(a) for a in scale_down(whole)} >= {Flag, Release, Retire}
-    assert plan(replace(s, schedds_unknown=("submit2",)), cfg, NOW).actions == ()
+    assert plan(replace(s, schedds_unknown=("submit2",)), m, cfg, NOW).actions == ()
 
 
 def test_readable_demand_is_provisioned_for_while_a_schedd_is_unknown() -> None:
     s = replace(snap(demand=[(ONE, 4)]), schedds_unknown=("submit2",))
-    assert [a for a in plan(s, config(), NOW).actions if isinstance(a, Submit)]
+    assert [a for a in plan(s, memory(), config(), NOW).actions if isinstance(a, Submit)]
 
 
 CONFIG = """
@@ -291,12 +291,12 @@ def test_the_service_says_which_schedd_is_unknown_and_keeps_its_flags() -> None:
     prov = Provisioner(parse_config(CONFIG, "t.yaml"), pool=pool,  # type: ignore[arg-type]
                        backends={"gsi": FakeBackend("gsi")},  # type: ignore[dict-item]
                        journal=Journal(""), clock=Clock())
-    prov.controller.flagged = {"gsi/9": 1.0}
+    prov.controller.memory = replace(prov.controller.memory, flagged={"gsi/9": 1.0})
     cycle = prov.run_cycle("test")
     assert cycle.observation.snapshot.schedds_unknown == ("submit2",)
     assert cycle.observation.queue is None  # no growth from a queue read in part
     assert "schedd submit2 UNKNOWN (no scale-down)" in summary_line(cycle)
-    assert prov.controller.flagged == {"gsi/9": 1.0}  # a whole queue would drop it
+    assert prov.controller.memory.flagged == {"gsi/9": 1.0}  # a whole queue would drop it
 
 
 def test_no_release_when_a_schedd_cannot_be_read_right_before_it() -> None:
