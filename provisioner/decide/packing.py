@@ -19,8 +19,9 @@ new GPU pilot holds GPU jobs only and is sized to them.
 from __future__ import annotations
 
 import math
-from bisect import bisect_right, insort
+from bisect import bisect_right
 from dataclasses import dataclass, field
+from operator import attrgetter, itemgetter
 from typing import NamedTuple
 
 from provisioner.model import Pilot
@@ -191,7 +192,7 @@ class CapacityIndex:
     def _refresh_max_mem(self) -> None:
         #: An upper bound on any group's free memory (exact after a failed fill; buckets
         #: are sorted by it and never empty).
-        self.max_mem = max([b[0].free_mem for b in self.buckets.values()], default=0)
+        self.max_mem = max(map(_FREE_MEM, map(_FIRST, self.buckets.values())), default=0)
 
     def may_fit(self, item: Item) -> bool:
         """False only if no group has the cpus and memory for one job of `item`."""
@@ -201,35 +202,40 @@ class CapacityIndex:
         """A new group (e.g. pilots opened this cycle) joins the index."""
         self.registry.append(g)
         if g.free_cpus > 0:
-            if self._insert(g):
-                self._sort_keys()
+            self._insert([g], 1, 0)
             self.max_mem = max(self.max_mem, g.free_mem)
 
-    def _insert(self, g: BinGroup) -> bool:
-        """Put `g` into the bucket of its free cpus; True if that bucket is new."""
-        bucket = self.buckets.get(g.free_cpus)
-        if bucket is None:
-            self.buckets[g.free_cpus] = [g]
-            return True
-        insort(bucket, g, key=_neg_mem)
-        return False
-
-    def _known_to_fail(self, cpus: int, memory_mb: int, gpus: int, deadline: float) -> bool:
-        """Whether a remembered failure covers this job (`Failure.covers`, inlined)."""
-        for fc, fm, fg, fd in self.failed:
-            if (cpus >= fc and memory_mb >= fm and gpus >= fg and deadline >= fd
-                    and (gpus == 0) == (fg == 0)):
-                return True
-        return False
+    def _insert(self, groups: list[BinGroup], min_cpus: int, min_mem: int) -> None:
+        """Put each group with at least `min_cpus` (> 0) free cpus and `min_mem` free memory
+        into the bucket of its free cpus, after the groups with as much memory or more
+        (`insort` by `_neg_mem`); the others leave the index."""
+        buckets = self.buckets
+        new_bucket = False
+        for g in groups:
+            cpus, mem = g.free_cpus, g.free_mem
+            if cpus < min_cpus or mem < min_mem:
+                continue
+            bucket = buckets.get(cpus)
+            if bucket is None:
+                buckets[cpus] = [g]
+                new_bucket = True
+                continue
+            i = len(bucket)  # a group that took jobs has little memory left: from the end
+            while i and bucket[i - 1].free_mem < mem:
+                i -= 1
+            bucket.insert(i, g)
+        if new_bucket:
+            self._sort_keys()
 
     def fill(self, item: Item, n: int, deadline: float, floor: Item | None = None) -> int:
         """First-fit `n` jobs of `item`; return how many were placed. A bin takes the job
         only if its walltime end is >= `deadline` (now + stated runtime, or now)."""
-        c, m = item.cpus, item.memory_mb
+        c, m, gp = item.cpus, item.memory_mb, item.gpus
         if n <= 0 or self.max_cpus < c or not self.keys:
             return 0
-        if self._known_to_fail(c, m, item.gpus, deadline):
-            return 0
+        for fc, fm, fg, fd in self.failed:  # `Failure.covers`, inlined: most calls end here
+            if c >= fc and m >= fm and gp >= fg and deadline >= fd and (gp == 0) == (fg == 0):
+                return 0
         buckets = self.buckets
         left = n
         moved: list[BinGroup] = []  # groups that took jobs: their free cpus changed
@@ -246,15 +252,15 @@ class CapacityIndex:
                 resort = True
             if left == 0:
                 break
-        fc, fm = (floor.cpus, floor.memory_mb) if floor is not None else (1, 0)
-        for g in moved:
-            if g.free_cpus >= fc and g.free_mem >= fm and g.free_cpus > 0:
-                resort |= self._insert(g)
         if resort:
             self._sort_keys()
+        if floor is None:
+            self._insert(moved, 1, 0)
+        else:
+            self._insert(moved, max(1, floor.cpus), floor.memory_mb)
         if left > 0:
             # nothing as large as this item fits any more; keep only minimal failures
-            failure = Failure(c, m, item.gpus, deadline)
+            failure = Failure(c, m, gp, deadline)
             self.failed = [f for f in self.failed if not failure.covers(*f)]
             self.failed.append(failure)
             self._refresh_max_mem()
@@ -295,9 +301,18 @@ class CapacityIndex:
             if k <= 0:  # the cores or memory left are kept for GPU jobs
                 j += 1
                 continue
-            if n >= k * g.count:  # every bin takes k
-                g.add(item, k)
+            if n >= k * g.count:  # every bin takes k: the whole group moves
                 n -= k * g.count
+                # `g.add(item, k)`, inlined: this runs for most groups a job visits
+                cpus, mem = k * c, k * m
+                g.free_cpus -= cpus
+                g.free_mem -= mem
+                g.used_cpus += cpus
+                g.used_mem += mem
+                if gp:
+                    g.free_gpus -= k * gp
+                    g.used_gpus += k * gp
+                g.jobs += k
                 del bucket[j]
                 moved.append(g)
                 if n == 0:
@@ -318,6 +333,10 @@ class CapacityIndex:
                 del bucket[j]
             return 0
         return n
+
+
+_FIRST = itemgetter(0)
+_FREE_MEM = attrgetter("free_mem")
 
 
 def _neg_mem(g: BinGroup) -> int:
