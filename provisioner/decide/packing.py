@@ -19,8 +19,10 @@ new GPU pilot holds GPU jobs only and is sized to them.
 from __future__ import annotations
 
 import math
-from bisect import bisect_right, insort
+from bisect import bisect_right
 from dataclasses import dataclass, field
+from operator import attrgetter, itemgetter
+from typing import NamedTuple
 
 from provisioner.model import Pilot
 
@@ -138,14 +140,35 @@ class BinGroup:
         self.jobs += k
 
 
+class Failure(NamedTuple):
+    """A job that found no room in an index. Capacity there only shrinks as jobs are packed
+    (new pilots aside), so a job asking for as much or more fails there too (`covers`)."""
+
+    cpus: int
+    memory_mb: int
+    gpus: int
+    deadline: float
+
+    def covers(self, cpus: int, memory_mb: int, gpus: int, deadline: float) -> bool:
+        """Whether a job of (cpus, memory_mb, gpus) by `deadline` surely fails where this
+        one did: it asks for at least as much, and of the same kind (a job without GPUs may
+        not use the cores kept for GPU jobs, so its failure says nothing about GPU jobs, and
+        the reverse)."""
+        return (cpus >= self.cpus and memory_mb >= self.memory_mb and gpus >= self.gpus
+                and deadline >= self.deadline and (gpus == 0) == (self.gpus == 0))
+
+
 class CapacityIndex:
     """Bin groups of existing pilots indexed for fast first fit.
 
     Groups are bucketed by free cpus; inside a bucket they are ordered by free memory,
-    largest first. A job of (c cpus, m MB) visits only buckets with >= c free cpus and, in
-    each, only the groups with >= m free memory, so the cost follows the groups that can
-    take it, not all groups. Groups that can no longer hold the smallest job (`floor`) are
-    dropped. `registry` receives every group ever created.
+    largest first (equal memory: in the order they came). A job of (c cpus, m MB) visits
+    only buckets with >= c free cpus and, in each, only the groups with >= m free memory, so
+    the cost follows the groups that can take it, not all groups. A group that takes jobs
+    moves to the bucket of what it has left, or leaves the index if that can no longer hold
+    the smallest job (`floor`). Jobs that found no room are remembered (`failed`): one that
+    asks for as much or more is refused without a look. `registry` receives every group
+    ever created.
     """
 
     def __init__(self, groups: list[BinGroup], registry: list[BinGroup]) -> None:
@@ -156,116 +179,164 @@ class CapacityIndex:
             self.buckets.setdefault(g.free_cpus, []).append(g)
         for bucket in self.buckets.values():
             bucket.sort(key=_neg_mem)  # stable: groups of equal memory keep their order
-        self.keys: list[int] = sorted(self.buckets, reverse=True)  # largest first
-        self.failed: list[tuple[int, int, int, float]] = []
+        self.keys: list[int] = []  # the buckets' free cpus, largest first
+        self.max_cpus = 0  # the most free cpus of any group
+        self._sort_keys()
+        self.failed: list[Failure] = []
         self._refresh_max_mem()
 
+    def _sort_keys(self) -> None:
+        self.keys = sorted(self.buckets, reverse=True)
+        self.max_cpus = self.keys[0] if self.keys else 0
+
     def _refresh_max_mem(self) -> None:
-        #: An upper bound on any group's free memory (buckets are sorted by it).
-        self.max_mem = max((b[0].free_mem for b in self.buckets.values() if b), default=0)
+        #: An upper bound on any group's free memory (exact after a failed fill; buckets
+        #: are sorted by it and never empty).
+        self.max_mem = max(map(_FREE_MEM, map(_FIRST, self.buckets.values())), default=0)
 
     def may_fit(self, item: Item) -> bool:
         """False only if no group has the cpus and memory for one job of `item`."""
-        return bool(self.keys) and self.keys[0] >= item.cpus and self.max_mem >= item.memory_mb
+        return bool(self.keys) and self.max_cpus >= item.cpus and self.max_mem >= item.memory_mb
 
     def add(self, g: BinGroup) -> None:
         """A new group (e.g. pilots opened this cycle) joins the index."""
         self.registry.append(g)
         if g.free_cpus > 0:
-            self._insert(g)
+            self._insert([g], 1, 0)
             self.max_mem = max(self.max_mem, g.free_mem)
 
-    def _insert(self, g: BinGroup) -> None:
-        bucket = self.buckets.get(g.free_cpus)
-        if bucket is None:
-            self.buckets[g.free_cpus] = [g]
-            self.keys = sorted(self.buckets, reverse=True)
-        else:
-            insort(bucket, g, key=_neg_mem)
-
-    @property
-    def max_cpus(self) -> int:
-        return self.keys[0] if self.keys else 0
+    def _insert(self, groups: list[BinGroup], min_cpus: int, min_mem: int) -> None:
+        """Put each group with at least `min_cpus` (> 0) free cpus and `min_mem` free memory
+        into the bucket of its free cpus, after the groups with as much memory or more
+        (`insort` by `_neg_mem`); the others leave the index."""
+        buckets = self.buckets
+        new_bucket = False
+        for g in groups:
+            cpus, mem = g.free_cpus, g.free_mem
+            if cpus < min_cpus or mem < min_mem:
+                continue
+            bucket = buckets.get(cpus)
+            if bucket is None:
+                buckets[cpus] = [g]
+                new_bucket = True
+                continue
+            i = len(bucket)  # a group that took jobs has little memory left: from the end
+            while i and bucket[i - 1].free_mem < mem:
+                i -= 1
+            bucket.insert(i, g)
+        if new_bucket:
+            self._sort_keys()
 
     def fill(self, item: Item, n: int, deadline: float, floor: Item | None = None) -> int:
         """First-fit `n` jobs of `item`; return how many were placed. A bin takes the job
         only if its walltime end is >= `deadline` (now + stated runtime, or now)."""
         c, m, gp = item.cpus, item.memory_mb, item.gpus
-        keys = self.keys
-        if n <= 0 or not keys or keys[0] < c:
+        if n <= 0 or self.max_cpus < c or not self.keys:
             return 0
-        if any(_covers(f, c, m, gp, deadline) for f in self.failed):
-            return 0
-        fc, fm = (floor.cpus, floor.memory_mb) if floor is not None else (1, 0)
-        placed = 0
-        moved: list[BinGroup] = []
-        emptied = False
-        for key in keys:
+        for fc, fm, fg, fd in self.failed:  # `Failure.covers`, inlined: most calls end here
+            if c >= fc and m >= fm and gp >= fg and deadline >= fd and (gp == 0) == (fg == 0):
+                return 0
+        buckets = self.buckets
+        left = n
+        moved: list[BinGroup] = []  # groups that took jobs: their free cpus changed
+        resort = False
+        for key in self.keys:
             if key < c:
                 break
-            bucket = self.buckets[key]
-            j = 0
-            while j < len(bucket) and n > 0:
-                g = bucket[j]
-                if g.free_mem < m:
-                    break
-                if g.free_gpus < gp or g.usable_until < deadline:
-                    j += 1
-                    continue
-                untils = g.untils  # all bins usable: the common case, checked inline
-                ok = g.count if not untils or untils[-1] >= deadline else g.usable(deadline)
+            bucket = buckets[key]
+            if bucket[0].free_mem < m:
+                continue  # not even the bucket's first group has the memory
+            left = self._fill_bucket(bucket, item, left, deadline, moved)
+            if not bucket:
+                del buckets[key]
+                resort = True
+            if left == 0:
+                break
+        if resort:
+            self._sort_keys()
+        if floor is None:
+            self._insert(moved, 1, 0)
+        else:
+            self._insert(moved, max(1, floor.cpus), floor.memory_mb)
+        if left > 0:
+            # nothing as large as this item fits any more; keep only minimal failures
+            failure = Failure(c, m, gp, deadline)
+            self.failed = [f for f in self.failed if not failure.covers(*f)]
+            self.failed.append(failure)
+            self._refresh_max_mem()
+        return n - left
+
+    def _fill_bucket(self, bucket: list[BinGroup], item: Item, n: int, deadline: float,
+                     moved: list[BinGroup]) -> int:
+        """First-fit up to `n` jobs of `item` into the groups of one bucket, in order, up to
+        the first without the memory for one; return how many jobs are left. Groups that
+        take jobs leave the bucket for `moved` (whole, or the bins split off that took them);
+        bins that end too early for the job stay, split off behind the others."""
+        c, m, gp = item.cpus, item.memory_mb, item.gpus
+        j = 0
+        while j < len(bucket):
+            g = bucket[j]
+            if g.free_mem < m:
+                break
+            if g.free_gpus < gp or g.usable_until < deadline:
+                j += 1
+                continue
+            untils = g.untils  # empty, or all bins usable: the common case, checked inline
+            if untils and untils[-1] < deadline:
+                ok = g.usable(deadline)
                 if ok < g.count:  # only the bins that end late enough take this job
                     g = g.split(ok)
                     self.registry.append(g)
                     bucket.insert(j, g)
-                k = item.per_bin(g.free_cpus, g.free_mem, g.free_gpus, g.share)
-                if k == 0:  # the cores or memory left are kept for GPU jobs
-                    j += 1
-                    continue
-                if n >= k * g.count:
-                    g.add(item, k)
-                    placed += k * g.count
-                    n -= k * g.count
-                    del bucket[j]
-                    moved.append(g)
-                    continue
-                full, rest = divmod(n, k)
-                for size, per in ((full, k), (1 if rest else 0, rest)):
-                    if size:
-                        head = g.split(size)
-                        head.add(item, per)
-                        self.registry.append(head)
-                        moved.append(head)
-                if g.count == 0:
-                    del bucket[j]
-                placed += n
-                n = 0
-            if not bucket:
-                del self.buckets[key]
-                emptied = True
-            if n == 0:
-                break
-        if emptied:
-            self.keys = sorted(self.buckets, reverse=True)
-        for g in moved:
-            if g.free_cpus >= fc and g.free_mem >= fm and g.free_cpus > 0:
-                self._insert(g)
-        if n > 0:
-            # nothing as large as this item fits any more; keep only minimal failures
-            self.failed = [f for f in self.failed if not _covers((c, m, gp, deadline), *f)]
-            self.failed.append((c, m, gp, deadline))
-            self._refresh_max_mem()
-        return placed
+            # jobs per bin (`Item.per_bin`, inlined)
+            free_cpus, free_mem, free_gpus = g.free_cpus, g.free_mem, g.free_gpus
+            if free_gpus and not gp:  # each free GPU keeps its share for GPU jobs
+                free_cpus -= free_gpus * g.share.cpus
+                free_mem -= free_gpus * g.share.memory_mb
+            k = free_cpus // c
+            if m and free_mem // m < k:
+                k = free_mem // m
+            if gp and free_gpus // gp < k:
+                k = free_gpus // gp
+            if k <= 0:  # the cores or memory left are kept for GPU jobs
+                j += 1
+                continue
+            if n >= k * g.count:  # every bin takes k: the whole group moves
+                n -= k * g.count
+                # `g.add(item, k)`, inlined: this runs for most groups a job visits
+                cpus, mem = k * c, k * m
+                g.free_cpus -= cpus
+                g.free_mem -= mem
+                g.used_cpus += cpus
+                g.used_mem += mem
+                if gp:
+                    g.free_gpus -= k * gp
+                    g.used_gpus += k * gp
+                g.jobs += k
+                del bucket[j]
+                moved.append(g)
+                if n == 0:
+                    return 0
+                continue
+            full, rest = divmod(n, k)  # `full` bins take k, one more takes the rest
+            if full:
+                head = g.split(full)
+                head.add(item, k)
+                self.registry.append(head)
+                moved.append(head)
+            if rest:
+                head = g.split(1)
+                head.add(item, rest)
+                self.registry.append(head)
+                moved.append(head)
+            if g.count == 0:
+                del bucket[j]
+            return 0
+        return n
 
 
-def _covers(failure: tuple[int, int, int, float], c: int, m: int, gp: int,
-            deadline: float) -> bool:
-    """Whether a job of (c, m, gp) by `deadline` surely fails where `failure` did: it asks
-    for at least as much, and of the same kind (a job without GPUs may not use the cores
-    kept for GPU jobs, so its failure says nothing about GPU jobs, and the reverse)."""
-    fc, fm, fg, fd = failure
-    return (c >= fc and m >= fm and gp >= fg and deadline >= fd
-            and (gp == 0) == (fg == 0))
+_FIRST = itemgetter(0)
+_FREE_MEM = attrgetter("free_mem")
 
 
 def _neg_mem(g: BinGroup) -> int:

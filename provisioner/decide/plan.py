@@ -225,12 +225,14 @@ def add_capacity(sites: dict[str, SiteRow], snapshot: Snapshot, now: float,
             members.append((end, p))
     by_index: dict[tuple[str, int], list[BinGroup]] = {}
     for (site_name, tier, c, m, g, share_c, share_m), members in raw.items():
-        # latest end first; stable (also reversed): equal ends keep snapshot order
-        members.sort(key=itemgetter(0), reverse=True)
-        untils = [u for u, _p in members]
+        if len(members) == 1:  # a pilot alone in its group (common): nothing to sort
+            untils, pilots = [members[0][0]], [members[0][1]]
+        else:
+            # latest end first; stable (also reversed): equal ends keep snapshot order
+            members.sort(key=itemgetter(0), reverse=True)
+            untils, pilots = [u for u, _p in members], [p for _u, p in members]
         by_index.setdefault((site_name, tier), []).append(
-            BinGroup(c, m, g, untils[0], len(members), [p for _u, p in members],
-                     untils=untils,
+            BinGroup(c, m, g, untils[0], len(members), pilots, untils=untils,
                      share=GpuShare(share_c, share_m) if share_c or share_m else NO_SHARE))
     for site_name, tier in sorted(by_index):
         sites[site_name].existing[tier] = CapacityIndex(by_index[site_name, tier], registry)
@@ -246,6 +248,9 @@ def fill_existing(rows: Iterable[Row], sites: dict[str, SiteRow], now: float,
     # larger than that skips the tier
     bounds = [_tier_bound(sites.values(), tier) for tier in tiers]
     fresh = [True for _tier in tiers]
+    # per tier: site name -> its index, looked up once, not per row
+    indexes = [{name: s.existing[tier] for name, s in sites.items() if tier in s.existing}
+               for tier in tiers]
     for row in rows:
         deadline = now + (row.item.runtime_s or 0)
         c, m = row.item.cpus, row.item.memory_mb
@@ -254,8 +259,9 @@ def fill_existing(rows: Iterable[Row], sites: dict[str, SiteRow], now: float,
                 bounds[tier], fresh[tier] = _tier_bound(sites.values(), tier), True
             if c > bounds[tier][0] or m > bounds[tier][1]:
                 continue  # no site's index can hold this job (cheap pre-check)
+            at_tier = indexes[tier]
             for site_name in row.sites:
-                bins = sites[site_name].existing.get(tier)
+                bins = at_tier.get(site_name)
                 if bins is None or not bins.may_fit(row.item):
                     continue  # nothing there can hold this job (cheap pre-check)
                 got = bins.fill(row.item, row.left, deadline, floor)
@@ -433,9 +439,10 @@ def plan(snapshot: Snapshot, memory: CycleMemory, config: Config, now: float) ->
     global_left = fill_new(ghosts, sites, global_left, costs, tie)
     actions, summaries = submissions(sites.values(), rows, global_left)
 
-    wanted = {name for r in rows for name in r.sites}
     used = {p.key for g in registry if g.jobs > 0 for p in g.members}
-    used |= {key for key, name in late.items() if name in wanted}
+    if late:  # kept while demand they could run is queued
+        wanted = set().union(*(r.sites for r in rows))
+        used |= {key for key, name in late.items() if name in wanted}
     # a schedd not read: its demand is unknown, so no pilot anywhere goes for want of it
     site_ok = {name: s.known and snapshot.scale_down_ok for name, s in sites.items()}
     # every idle job sits in the free room of pilots already in the pool, and no arrival

@@ -3,10 +3,19 @@ and into new pilots; what is placed always fits, and nothing that fits is left o
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from provisioner.decide.packing import INF, BinGroup, CapacityIndex, Item, NewPilots
+from provisioner.decide.packing import (
+    INF,
+    NO_SHARE,
+    BinGroup,
+    CapacityIndex,
+    Failure,
+    GpuShare,
+    Item,
+    NewPilots,
+)
 
 
 def group(cpus: int, mem: int, count: int = 1, untils: list[float] | None = None) -> BinGroup:
@@ -84,3 +93,107 @@ def test_new_pilots_hold_what_they_say(allowed: int, pack: int,
     assert new.opened <= allowed
     assert sum(g.jobs * g.count for g in new.registry if g.count) == placed
     assert all(g.used_cpus <= 8 and g.free_cpus >= 0 for g in new.registry)
+
+
+def position(pool: list[BinGroup], g: BinGroup) -> int:
+    """Where group `g` itself is in `pool`. Not `pool.index(g)`: that compares by value, and
+    two groups that took the same jobs are equal without being the same bins."""
+    return next(i for i, other in enumerate(pool) if other is g)
+
+
+def ref_fill(pool: list[BinGroup], registry: list[BinGroup], failed: list[Failure],
+             item: Item, n: int, deadline: float) -> int:
+    """`CapacityIndex.fill` written plainly, over `pool` (the groups in the order they came
+    into the index): visit the groups by most free cpus, then most free memory (equal ones in
+    pool order); a group whose bins end at different times splits off, just before it, the
+    bins that end late enough (if it has the cores, memory and GPUs for one job); whole
+    groups and the bins split off to take jobs go to the end of the pool. A job that asks
+    for as much as one that found no room is refused, as the index does (a GPU job that
+    takes a GPU frees its share for CPU-only jobs, so this may refuse a CPU-only job that
+    would fit). No bucket, no floor."""
+    if any(f.covers(item.cpus, item.memory_mb, item.gpus, deadline) for f in failed):
+        return 0
+    wanted = n
+    placed = 0
+    moved = []
+    for g in sorted(pool, key=lambda g: (-g.free_cpus, -g.free_mem)):
+        if n == 0:
+            break
+        if (g.free_cpus < item.cpus or g.free_mem < item.memory_mb
+                or g.free_gpus < item.gpus):
+            continue
+        ok = sum(1 for u in g.untils if u >= deadline) if g.untils else (
+            g.count if g.usable_until >= deadline else 0)
+        if ok == 0:
+            continue
+        if ok < g.count:
+            head = g.split(ok)
+            registry.append(head)
+            pool.insert(position(pool, g), head)
+            g = head
+        k = item.per_bin(g.free_cpus, g.free_mem, g.free_gpus, g.share)
+        if k == 0:
+            continue
+        if n >= k * g.count:
+            g.add(item, k)
+            n -= k * g.count
+            placed += k * g.count
+            del pool[position(pool, g)]
+            moved.append(g)
+            continue
+        for size, per in ((n // k, k), (1 if n % k else 0, n % k)):
+            if size:
+                head = g.split(size)
+                head.add(item, per)
+                registry.append(head)
+                moved.append(head)
+        if g.count == 0:
+            del pool[position(pool, g)]
+        placed += n
+        n = 0
+    pool.extend(moved)
+    if placed < wanted:
+        failed.append(Failure(item.cpus, item.memory_mb, item.gpus, deadline))
+    return placed
+
+
+def gpu_group(cpus: int, mem: int, gpus: int, count: int, untils: list[float],
+              share: GpuShare) -> BinGroup:
+    untils = sorted(untils, reverse=True)
+    return BinGroup(cpus, mem, gpus, untils[0], count, [], untils=untils, share=share)
+
+
+@settings(max_examples=300, deadline=None)
+@example(  # two groups come to hold the same jobs: the reference must not mistake one for the other
+    bins=[(0, 0, 0, [100.0], NO_SHARE), (4, 3, 0, [100.0, 100.0], NO_SHARE),
+          (4, 4, 0, [100.0], NO_SHARE)],
+    fills=[(1, 1, 0, 8, 0.0), (1, 1, 0, 2, 0.0), (1, 0, 0, 2, 0.0)],
+)
+@given(
+    bins=st.lists(st.tuples(st.integers(0, 12), st.integers(0, 12), st.sampled_from((0, 0, 1, 2)),
+                            st.lists(st.sampled_from((100.0, 1000.0, 5000.0, INF)),
+                                     min_size=1, max_size=4),
+                            st.sampled_from((NO_SHARE, GpuShare(2, 2000), GpuShare(4, 500)))),
+                  max_size=10),
+    fills=st.lists(st.tuples(st.integers(1, 4), st.integers(0, 4), st.sampled_from((0, 0, 1)),
+                             st.integers(0, 30), st.sampled_from((0.0, 500.0, 2000.0))),
+                   min_size=1, max_size=8),
+)
+def test_fill_decides_as_the_plain_reference(
+        bins: list[tuple[int, int, int, list[float], GpuShare]],
+        fills: list[tuple[int, int, int, int, float]]) -> None:
+    """The index places the same jobs into the same bins, in the same order, as the plain
+    first fit above, fill after fill (with the floor plan() gives it: no job is smaller)."""
+    def groups() -> list[BinGroup]:
+        return [gpu_group(c, m * 1000, g, len(u), u, share) for c, m, g, u, share in bins]
+    items = [(Item(c, m * 1000, gpus), n, deadline) for c, m, gpus, n, deadline in fills]
+    floor = Item(min(i.cpus for i, _n, _d in items), min(i.memory_mb for i, _n, _d in items))
+    registry: list[BinGroup] = []
+    index = CapacityIndex(groups(), registry)
+    pool = groups()
+    ref_registry = list(pool)
+    failed: list[Failure] = []
+    for item, n, deadline in items:
+        placed = index.fill(item, n, deadline, floor)
+        assert placed == ref_fill(pool, ref_registry, failed, item, n, deadline)
+    assert registry == ref_registry  # every group: its bins, their jobs and what is left
