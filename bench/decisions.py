@@ -55,8 +55,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="synthetic snapshots (seeds 0..n-1) of the timing benchmark")
     args = ap.parse_args(argv)
     for seed in range(args.snapshots):
-        snap, config = synthetic_snapshot(seed=seed)
-        digest = hashlib.sha256(repr(plan(snap, config, 1_000_000.0)).encode()).hexdigest()
+        snap, memory, config = synthetic_snapshot(seed=seed)
+        digest = hashlib.sha256(repr(plan(snap, memory, config, 1_000_000.0)).encode()
+                                ).hexdigest()
         print(f"synthetic/{seed}: {digest[:16]}", flush=True)
     for scenario in args.scenarios.split(","):
         trace, _, site_set = scenario.partition("@")
