@@ -31,8 +31,10 @@ test-fast: unit testbed
 unit: venv
 	@$(call PYTEST_STRICT,$(VENV)/bin/pytest -q tests/unit)
 
+# PYTEST_ARGS: more pytest options, e.g. PYTEST_ARGS=--durations=0 for each test's time.
+PYTEST_ARGS ?=
 integration: testbed
-	@$(call PYTEST_STRICT,$(TESTBED) exec -- pytest -q -p no:cacheprovider /src/tests/integration)
+	@$(call PYTEST_STRICT,$(TESTBED) exec -- pytest -q -p no:cacheprovider $(PYTEST_ARGS) /src/tests/integration)
 
 lint: venv
 	$(VENV)/bin/ruff check provisioner tests bench

@@ -84,6 +84,11 @@ _UP = (PilotState.IDLE, PilotState.BUSY, PilotState.DRAINING)
 #: forgotten.
 LINGER_S = 60.0
 
+#: Pilots still idle beside waiting jobs this long after a negotiation was asked for are
+#: asked for again (`Controller.reschedule_due`), at most MAX_REASKS times in a row.
+REASK_S = 30.0
+MAX_REASKS = 3
+
 
 @dataclass
 class ReleaseMark:
@@ -127,6 +132,8 @@ class Controller:
     probed: Probe | None = None  # the last quick check's probe
     probed_at: float | None = None  # when it was taken
     seen_idle: frozenset[str] = frozenset()  # idle pilots a negotiation was asked for
+    asked_at: float | None = None  # when a negotiation was last asked for
+    reasks: int = 0  # asked again since, for pilots still idle beside waiting jobs
     history: QueueHistory = field(init=False)
     estimates: Estimates = field(init=False)
     breakers: SiteBreakers = field(init=False)
@@ -213,14 +220,29 @@ class Controller:
         policy = self.config.policy
         return policy.join_check_s if self.watching() else policy.quick_check_s
 
-    def reschedule_due(self, idle_pilots: frozenset[str], idle_jobs: int | None) -> bool:
+    def reschedule_due(self, idle_pilots: frozenset[str], idle_jobs: int | None,
+                       now: float | None = None) -> bool:
         """Whether to ask for a negotiation now: a pilot is idle that was not at the last
         look, while jobs wait (`idle_jobs` None: not counted at this look; the last
-        count stands). Each pilot that becomes idle counts once."""
+        count stands). Each pilot that becomes idle counts once; with `now` given, pilots
+        still idle beside waiting jobs `REASK_S` after the last request are asked for
+        again, at most `MAX_REASKS` times: a match the negotiator made can be lost on
+        the way to the pilot (the schedd's claim refused, or sent over a security
+        session that a restarted collector no longer knows), and the negotiator's own
+        next cycle may be minutes away."""
         if idle_jobs is None:
             idle_jobs = self.probed.idle_jobs if self.probed is not None else 0
         new, self.seen_idle = idle_pilots - self.seen_idle, idle_pilots
-        return (self.config.policy.join_check_s > 0 and bool(new) and idle_jobs > 0)
+        if self.config.policy.join_check_s <= 0 or idle_jobs <= 0:
+            return False
+        if new:
+            self.asked_at, self.reasks = now, 0
+            return True
+        if (idle_pilots and now is not None and self.asked_at is not None
+                and now - self.asked_at >= REASK_S and self.reasks < MAX_REASKS):
+            self.asked_at, self.reasks = now, self.reasks + 1
+            return True
+        return False
 
     # -- the reserve's window ----------------------------------------------------------
     def window(self, now: float) -> float:

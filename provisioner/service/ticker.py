@@ -88,7 +88,7 @@ def tick(controller: Controller, senses: Senses[Seen], now: float,
     look = "probe" if woken else controller.look(now)
     if look == "join":
         idle_pilots = senses.idle_pilots()
-        if idle_pilots is not None and controller.reschedule_due(idle_pilots, None):
+        if idle_pilots is not None and controller.reschedule_due(idle_pilots, None, now):
             senses.reschedule()
     if look != "probe":
         return Tick(look)
@@ -100,7 +100,7 @@ def tick(controller: Controller, senses: Senses[Seen], now: float,
         if mark is not None and now - mark.at < controller.config.policy.interval_s:
             return Tick(look)
         probe = Probe(0, frozenset())
-    elif controller.reschedule_due(probe.idle_pilots, probe.idle_jobs):
+    elif controller.reschedule_due(probe.idle_pilots, probe.idle_jobs, now):
         senses.reschedule()
     return Tick(look, controller.due(now, probe))
 

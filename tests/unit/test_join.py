@@ -5,13 +5,15 @@ decides; the service and the simulator follow it."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from bench.sim.scenarios import default_config, default_sites
 from bench.sim.world import World
 from provisioner.config import ConfigError, PolicyConfig, parse_config
 from provisioner.decide.cadence import Probe
-from provisioner.decide.controller import Controller
+from provisioner.decide.controller import MAX_REASKS, REASK_S, Controller
 from provisioner.model import Demand, JobShape, PilotState
 from tests.unit.test_service_act import idle_ad, make_world, running_job
 
@@ -57,6 +59,29 @@ def test_a_negotiation_is_asked_for_once_per_pilot_that_joins_while_jobs_wait() 
     assert c.reschedule_due(frozenset({"gsi/1", "gsi/2"}), 3)
     assert not c.reschedule_due(frozenset({"gsi/3"}), 0)  # nothing waits
     assert not joined_controller(0).reschedule_due(frozenset({"gsi/1"}), 3)  # off
+
+
+def test_pilots_still_idle_beside_waiting_jobs_are_asked_for_again_a_few_times() -> None:
+    """A match lost on its way to the pilot (a claim sent over a session a restarted
+    collector no longer knows) leaves the pilot idle and the jobs waiting: asked for
+    again every REASK_S, at most MAX_REASKS times, until a new pilot joins."""
+    c = joined_controller()
+    c.due(NOW, c_probe(3))
+    idle = frozenset({"gsi/1"})
+    assert c.reschedule_due(idle, 3, NOW)
+    assert not c.reschedule_due(idle, 3, NOW + REASK_S - 1)  # too soon
+    asked = [t for t in range(1, 400) if c.reschedule_due(idle, 3, NOW + t)]
+    assert len(asked) == MAX_REASKS and asked[0] == REASK_S, asked
+    assert all(b - a >= REASK_S for a, b in itertools.pairwise(asked)), asked
+    assert not c.reschedule_due(idle, 0, NOW + 500)  # nothing waits
+    # a new pilot: asked at once, and the re-asks start again
+    both = idle | {"gsi/2"}
+    assert c.reschedule_due(both, 3, NOW + 600)
+    assert c.reschedule_due(both, 3, NOW + 600 + REASK_S)
+    # without a clock (the old call), only new pilots count
+    d = joined_controller()
+    d.due(NOW, c_probe(3))
+    assert d.reschedule_due(idle, 3) and not d.reschedule_due(idle, 3)
 
 
 def test_join_check_cannot_be_slower_than_the_quick_check() -> None:
