@@ -221,15 +221,15 @@ class Controller:
         return policy.join_check_s if self.watching() else policy.quick_check_s
 
     def reschedule_due(self, idle_pilots: frozenset[str], idle_jobs: int | None,
-                       now: float | None = None) -> bool:
+                       now: float) -> bool:
         """Whether to ask for a negotiation now: a pilot is idle that was not at the last
         look, while jobs wait (`idle_jobs` None: not counted at this look; the last
-        count stands). Each pilot that becomes idle counts once; with `now` given, pilots
-        still idle beside waiting jobs `REASK_S` after the last request are asked for
-        again, at most `MAX_REASKS` times: a match the negotiator made can be lost on
-        the way to the pilot (the schedd's claim refused, or sent over a security
-        session that a restarted collector no longer knows), and the negotiator's own
-        next cycle may be minutes away."""
+        count stands). Each pilot that becomes idle counts once; pilots still idle beside
+        waiting jobs `REASK_S` after the last request are asked for again, at most
+        `MAX_REASKS` times: a match the negotiator made can be lost on the way to the
+        pilot (the schedd's claim refused, or sent over a security session that a
+        restarted collector no longer knows), and the negotiator's own next cycle may be
+        minutes away."""
         if idle_jobs is None:
             idle_jobs = self.probed.idle_jobs if self.probed is not None else 0
         new, self.seen_idle = idle_pilots - self.seen_idle, idle_pilots
@@ -238,7 +238,7 @@ class Controller:
         if new:
             self.asked_at, self.reasks = now, 0
             return True
-        if (idle_pilots and now is not None and self.asked_at is not None
+        if (idle_pilots and self.asked_at is not None
                 and now - self.asked_at >= REASK_S and self.reasks < MAX_REASKS):
             self.asked_at, self.reasks = now, self.reasks + 1
             return True

@@ -53,12 +53,12 @@ def test_the_quick_check_comes_first_then_join_checks_only_while_pilots_join() -
 def test_a_negotiation_is_asked_for_once_per_pilot_that_joins_while_jobs_wait() -> None:
     c = joined_controller()
     c.due(NOW, c_probe(3))
-    assert not c.reschedule_due(frozenset(), None)
-    assert c.reschedule_due(frozenset({"gsi/1"}), None)  # the last count: 3 idle jobs
-    assert not c.reschedule_due(frozenset({"gsi/1"}), 3)  # the same pilot: once
-    assert c.reschedule_due(frozenset({"gsi/1", "gsi/2"}), 3)
-    assert not c.reschedule_due(frozenset({"gsi/3"}), 0)  # nothing waits
-    assert not joined_controller(0).reschedule_due(frozenset({"gsi/1"}), 3)  # off
+    assert not c.reschedule_due(frozenset(), None, NOW)
+    assert c.reschedule_due(frozenset({"gsi/1"}), None, NOW)  # the last count: 3 idle jobs
+    assert not c.reschedule_due(frozenset({"gsi/1"}), 3, NOW)  # the same pilot: once
+    assert c.reschedule_due(frozenset({"gsi/1", "gsi/2"}), 3, NOW)
+    assert not c.reschedule_due(frozenset({"gsi/3"}), 0, NOW)  # nothing waits
+    assert not joined_controller(0).reschedule_due(frozenset({"gsi/1"}), 3, NOW)  # off
 
 
 def test_pilots_still_idle_beside_waiting_jobs_are_asked_for_again_a_few_times() -> None:
@@ -78,10 +78,6 @@ def test_pilots_still_idle_beside_waiting_jobs_are_asked_for_again_a_few_times()
     both = idle | {"gsi/2"}
     assert c.reschedule_due(both, 3, NOW + 600)
     assert c.reschedule_due(both, 3, NOW + 600 + REASK_S)
-    # without a clock (the old call), only new pilots count
-    d = joined_controller()
-    d.due(NOW, c_probe(3))
-    assert d.reschedule_due(idle, 3) and not d.reschedule_due(idle, 3)
 
 
 def test_join_check_cannot_be_slower_than_the_quick_check() -> None:
