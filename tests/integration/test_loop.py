@@ -412,22 +412,59 @@ SCHEDD_LOG = Path("/var/log/condor/SchedLog")
 ADMIN = {"_CONDOR_SEC_CLIENT_AUTHENTICATION_METHODS": "FS"}
 
 
+#: Each host's daemon logs (cm's own LOG; submit2's, etc/condor-host-submit2.conf).
+LOGS = {"cm": Path("/var/log/condor"), "submit2": Path("/var/log/condor-submit2")}
+
+
+def log_since(path: Path, mark: int) -> str:
+    """What `path` gained after byte `mark` (all of it if it was rotated since)."""
+    with path.open(errors="replace") as f:
+        f.seek(mark if path.stat().st_size >= mark else 0)
+        return f.read()
+
+
+def restarted(daemon: str, log: str, host: str = "cm") -> None:
+    """Restart `daemon` on `host` and wait until the new process has written
+    `log`'s first line of a new start and, for a negotiator, its first cycle (a
+    restarted negotiator negotiates at once, then every NEGOTIATOR_INTERVAL)."""
+    path = LOGS[host] / log
+    mark = path.stat().st_size if path.exists() else 0
+    run(["condor_restart", "-daemon", daemon], env=ADMIN, host=None if host == "cm" else host)
+
+    def up() -> bool:
+        text = log_since(path, mark)
+        banner = text.rfind("STARTING UP")
+        if banner < 0:
+            return False
+        if daemon == "negotiator":
+            return "Started Negotiation Cycle" in text[banner:]
+        return run(["condor_q", "-totals"], env=ADMIN, check=False,
+                   host=None if host == "cm" else host).returncode == 0
+    wait_for(f"the {daemon} on {host} restarted", up, 120, step=0.2)
+
+
 @contextmanager
 def negotiator_interval(seconds: int) -> Iterator[None]:
     """The negotiator's own cycles `seconds` apart while the block runs (a file in the
-    central manager's config directory and a reconfig; both undone after). The
-    negotiator keeps the wait it set at its last cycle through a reconfig, so a
-    negotiation is asked for at the end: from that cycle on it is the usual 10 s."""
+    central manager's config directory; undone after), so that a job runs only if
+    someone asks for a negotiation. In force from the block's first line:
+    - the negotiator is restarted, not reconfigured: a reconfig keeps the wait it set
+      at its last cycle, which can still match jobs early in the block;
+    - both schedds are restarted first: a schedd asked for a negotiation while it had no
+      idle job (condor_reschedule on an empty queue, or a request for jobs matched
+      meanwhile) keeps asking the negotiator every SCHEDD_INTERVAL (5 s here) until it
+      next has idle jobs, so any earlier test could have left one asking.
+    At the end the negotiator is restarted again: from then on the usual interval."""
     path = Path("/etc/condor/config.d/99-test-negotiator-interval.conf")
     path.write_text(f"NEGOTIATOR_INTERVAL = {seconds}\n")
     try:
-        run(["condor_reconfig", "-daemon", "negotiator"], env=ADMIN)
+        for host in LOGS:
+            restarted("schedd", "SchedLog", host)
+        restarted("negotiator", "NegotiatorLog")
         yield
     finally:
         path.unlink(missing_ok=True)
-        run(["condor_reconfig", "-daemon", "negotiator"], env=ADMIN)
-        time.sleep(1)  # the reconfig is asynchronous
-        run(["condor_reschedule"], env=ADMIN)
+        restarted("negotiator", "NegotiatorLog")
 
 
 def test_a_pilot_that_joins_while_jobs_wait_asks_for_a_negotiation(service: Path) -> None:
