@@ -21,9 +21,11 @@ mtime only: a change inside it is noticed when the TTL ends.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
+import re
 import socket
 import stat
 import tempfile
@@ -175,3 +177,55 @@ def write_record(path: Path, record: dict[str, Any], uid: int | None = None) -> 
         with suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+# --- the starter's capability answer ------------------------------------------------
+# At start-up the startd asks its starter what this node can run (``condor_starter
+# -classad``); with Apptainer configured the starter answers only after running two
+# nested containers of its own (seconds of every boot). The answer depends on the node
+# and the images (the key above) and on the pilot's HTCondor configuration, so it is
+# kept in the node's record beside the pass, under a digest of that configuration, and
+# the next pilot's STARTER (provisioner/pilot/files/starter.sh) gives it to the startd
+# instead of asking again. Only an answer that says containers work is kept.
+
+#: One line of the starter's answer: an attribute and its value.
+_AD_LINE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]* = \S.*")
+#: An answer that says the node runs containers (the test passed, so it must).
+_CONTAINERS_WORK = "HasSingularity = True"
+
+
+def config_digest(*parts: str) -> str:
+    """What shapes the starter's answer besides the key: the pilot's HTCondor
+    configuration (without the lines of one pilot) and its container settings."""
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def starter_classad_ok(text: str) -> bool:
+    """Whether `text` is a starter answer worth keeping: a few KB of ``Name = value``
+    lines (the startd refuses the whole answer on one bad line) that say containers
+    work."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    return (0 < len(text) <= MAX_BYTES // 2 and all(_AD_LINE.fullmatch(line) for line in lines)
+            and _CONTAINERS_WORK in lines)
+
+
+def cached_starter_classad(record: dict[str, Any] | None, key: dict[str, Any], now: float,
+                           ttl_s: int, digest: str) -> str | None:
+    """The starter's answer kept in `record` for `key` and configuration `digest`, or
+    None: the starter must be asked."""
+    if record is None or not valid(record, key, now, ttl_s):
+        return None
+    starter = record.get("starter")
+    if not isinstance(starter, dict) or starter.get("config") != digest:
+        return None
+    text = starter.get("classad")
+    return text if isinstance(text, str) and starter_classad_ok(text) else None
+
+
+def with_starter_classad(record: dict[str, Any], digest: str, text: str) -> dict[str, Any]:
+    """`record` with the starter's answer `text` under configuration `digest`."""
+    return {**record, "starter": {"config": digest, "classad": text}}

@@ -1,10 +1,12 @@
 """The shell scripts a pilot puts in its work directory for its startd.
 
-Both are package data (``provisioner/pilot/files/``), shell tested as shell: the job
+All are package data (``provisioner/pilot/files/``), shell tested as shell: the job
 wrapper (``USER_JOB_WRAPPER``: every payload in its own namespaces, the pilot's and
-the node's private directories covered) and the root:// file transfer plugin. The
-pilot writes them into its work directory with the job wrapper's settings beside
-it: what to hide and cover, as data (one setting a line), never as shell.
+the node's private directories covered), the root:// file transfer plugin, and the
+``STARTER`` that answers the startd's capability query from the node's record
+(provisioner/pilot/testcache.py). The pilot writes them into its work directory with
+the job wrapper's settings beside it: what to hide and cover, as data (one setting a
+line), never as shell.
 """
 
 from __future__ import annotations
@@ -16,7 +18,13 @@ from pathlib import Path
 #: The work directory's names of the scripts, and the package files they come from.
 JOB_WRAPPER = "job-wrapper.sh"
 TRANSFER_PLUGIN = "xrootd-transfer"
-SOURCES = {JOB_WRAPPER: "job_wrapper.sh", TRANSFER_PLUGIN: "xrootd_transfer.sh"}
+STARTER = "starter"
+SOURCES = {JOB_WRAPPER: "job_wrapper.sh", TRANSFER_PLUGIN: "xrootd_transfer.sh",
+           STARTER: "starter.sh"}
+#: Beside STARTER: the capability answer it gives (from the node's record), and the
+#: one the real starter gave (for the record). Names fixed in starter.sh.
+STARTER_CLASSAD = "starter-classad"
+STARTER_CLASSAD_NEW = "starter-classad.new"
 #: The job wrapper's settings, beside it (the name is fixed in job_wrapper.sh).
 JOB_WRAPPER_SETTINGS = "job-wrapper.conf"
 

@@ -22,6 +22,7 @@ its process watcher (provisioner.pilot.procs).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -69,6 +70,10 @@ RETIRE_POLL_S = 1.0
 #: whose master is gone holds the allocation for nothing until SLURM kills it.
 MASTER_POLL_S = 1.0
 CONTAINER_LINGER_S = 20.0
+#: How long the wrapper looks for the starter's first capability answer, to keep it
+#: in the node's record (testcache); the startd asks within seconds of its start.
+STARTER_ANSWER_WAIT_S = 300.0
+STARTER_ANSWER_POLL_S = 0.5
 
 
 def _under(path: str, dirs: tuple[str, ...]) -> bool:
@@ -120,6 +125,9 @@ class PilotRun:
         self.proc = Path("/proc")
         self.root = os.getpid()  # the batch shell: the container runs below it
         self.cleared: list[int] = []  # what outlived the master and was ended
+        self._test_key: dict[str, Any] | None = None  # the node's record key (testcache)
+        self._starter_digest = ""  # the configuration the starter's answer is for
+        self._keep_answer = False  # the real starter answers: keep that in the record
 
     @property
     def stop_at(self) -> float:
@@ -170,6 +178,8 @@ class PilotRun:
         if not support.ok:
             log.warning("no container support on this node: %s", support.detail)
         settings = container_config(support, self.p.payload_image)
+        if support.ok:
+            settings.update(self._starter(settings))
         with self.config.open("a") as f:
             f.write("# --- container support (start-up test) ---\n")
             f.writelines(f"{k} = {v}\n" for k, v in settings.items())
@@ -187,6 +197,7 @@ class PilotRun:
                 key = testcache.node_key(image, self.p.image, self_test_argv(image))
             except OSError as exc:
                 log.info("container test cache not used: %s", exc)
+        self._test_key = key
         if key is not None:
             cached = testcache.lookup(testcache.read_record(cache), key, self.clock(), ttl,
                                       image)
@@ -204,6 +215,65 @@ class PilotRun:
             except OSError as exc:
                 log.warning("could not cache the container test in %s: %s", cache, exc)
         return support
+
+    def _starter(self, settings: dict[str, str]) -> dict[str, str]:
+        """STARTER for a node that runs containers: the work directory's starter
+        (workfiles), which answers the startd's capability query from this node's
+        record when it holds an answer for this configuration, else asks the real
+        starter and leaves its answer for `keep_starter_answer`. {} where no record
+        is kept (the cache is off, or the script is not there)."""
+        script = self.workdir / workfiles.STARTER
+        if self._test_key is None or not script.is_file():
+            return {}
+        try:
+            # the outcome's wording (PilotContainerTest) differs from pilot to pilot
+            # and is no input of the starter's
+            shaping = {k: v for k, v in settings.items() if k != "PilotContainerTest"}
+            self._starter_digest = testcache.config_digest(
+                self.p.condor_config.read_text(), json.dumps(shaping, sort_keys=True))
+            text = testcache.cached_starter_classad(
+                testcache.read_record(testcache.cache_file(self.p.scratch)), self._test_key,
+                self.clock(), self.p.container_test_cache_s, self._starter_digest)
+            if text is not None:
+                answer = self.workdir / workfiles.STARTER_CLASSAD
+                fd = os.open(answer, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "w") as f:
+                    f.write(text)
+                log.info("the starter's capabilities: this node's record (the startd "
+                         "does not run the starter's container tests)")
+            else:
+                self._keep_answer = True
+        except OSError as exc:
+            log.info("the starter's capabilities are not cached: %s", exc)
+            return {}
+        return {"STARTER": str(script)}
+
+    def keep_starter_answer(self) -> None:
+        """Once the real starter has answered the startd's capability query, keep the
+        answer in this node's record (if it still stands for this key) for the next
+        pilot."""
+        new = self.workdir / workfiles.STARTER_CLASSAD_NEW
+        deadline = time.monotonic() + STARTER_ANSWER_WAIT_S
+        while not new.is_file():
+            if self.ended.wait(STARTER_ANSWER_POLL_S) or time.monotonic() > deadline:
+                return
+        cache = testcache.cache_file(self.p.scratch)
+        try:
+            text = new.read_text(errors="replace")
+            if not testcache.starter_classad_ok(text):
+                log.info("the starter's capabilities not kept: its answer does not say "
+                         "that containers work, or is not a plain ClassAd")
+                return
+            record = testcache.read_record(cache)
+            if (record is None or self._test_key is None or not testcache.valid(
+                    record, self._test_key, self.clock(), self.p.container_test_cache_s)):
+                return
+            testcache.write_record(cache, testcache.with_starter_classad(
+                record, self._starter_digest, text))
+        except OSError as exc:
+            log.warning("could not keep the starter's capabilities in %s: %s", cache, exc)
+            return
+        log.info("the starter's capabilities kept in this node's record (%s)", cache)
 
     def _options(self) -> list[str]:
         # --no-home: the pilot account's home (where sites often keep the pilot
@@ -332,6 +402,9 @@ class PilotRun:
         watchdog = threading.Thread(target=self.watch_container, name="container",
                                     daemon=True)
         watchdog.start()
+        if self._keep_answer:
+            threading.Thread(target=self.keep_starter_answer, name="starter-answer",
+                             daemon=True).start()
         try:
             for line in Client.execute(self.p.image, argv, bind=self._binds(),
                                        options=options, stream=True, quiet=True):

@@ -165,3 +165,45 @@ def test_a_job_edited_to_a_registry_image_is_held_with_the_reason(clean: None) -
                     step=3)
     assert "docker://debian:12" in str(held) and "cannot reach a container registry" in str(
         held), held
+
+
+FROM_RECORD = "the starter's capabilities: this node's record"
+
+
+def _ran_on(cluster: str) -> tuple[str, str]:
+    """(pilot name, node) of the pilot that ran the cluster's one job."""
+    ads = htcondor.Schedd().history(f"ClusterId == {cluster}", ["LastRemoteHost"], 1)
+    host = str(next(iter(ads))["LastRemoteHost"])  # slot1_1@pilot-gsi-7@gsi-n1
+    _slot, name, node = host.split("@")
+    return name, node
+
+
+def test_the_next_pilot_on_a_node_takes_the_starters_answer_from_its_record(
+        clean: None) -> None:
+    """The startd's capability query (two nested containers in the starter) is answered
+    from the node's record once a pilot there has asked the real starter: a container
+    job still matches and runs in its container on the next pilot there."""
+    prov = Provisioner(service_config())
+    first_on: dict[str, str] = {}
+    for i in range(3):  # two gsi nodes: by the third pilot two have shared one
+        name = f"ctr-record-{i}"
+        cluster = submit_as("alice", name, PROBE, GSI_ONLY + SEND_EXE
+                            + f"container_image = {PAYLOAD}\ntransfer_container = false\n")
+        drive(prov, [cluster], 180)
+        assert "in=container" in (ALICE / "out" / name / "0.out").read_text()
+        pilot, node = _ran_on(cluster)
+        site, job = pilot.removeprefix("pilot-").rsplit("-", 1)
+        log = Path(f"/var/log/pilots/htcpilot-testbed-{site}-{job}.out").read_text()
+        clean_pool()  # the next job gets a new pilot
+        if node not in first_on:
+            first_on[node] = pilot
+            # the first pilot on this node in this test: the record may hold the
+            # answer already (an earlier test's pilot), else this one kept it
+            assert FROM_RECORD in log or "the starter's capabilities kept" in log, log
+            continue
+        assert FROM_RECORD in log, (first_on, pilot, log)
+        # the real starter never answered the capability query here: it would have
+        # written its log of the launch tests (StarterLog.testing)
+        assert not Path(f"/var/log/pilots/{pilot}@{node}/StarterLog.testing").exists()
+        return
+    raise AssertionError(f"no two pilots on one node: {first_on}")
