@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
 from typing import Any, ClassVar
 
@@ -74,6 +75,11 @@ __all__ = ["CycleResult", "Observation", "Provisioner", "action_target", "ad_bus
            "breakers_of", "describe", "idle_ad_keys", "merge_pilots", "pilot_state",
            "run_forever", "runs_jobs", "summary_line"]
 
+
+def _list_pilots(backend: SiteBackend) -> list[SiteJob]:
+    """A site's pilot jobs (run in a reader thread: one site's backend at a time)."""
+    return list(backend.list_pilots())
+
 class Provisioner:
     """Holds the backends, the pool reader and the hysteresis state between cycles."""
 
@@ -129,6 +135,18 @@ class Provisioner:
         with the jobs submitted since `since` as the recent arrivals (None: none read).
         Only what is seen now: the controller's memory goes beside it."""
         now = self.clock() if now is None else now
+        due = [site.name for site in self.config.sites if self.backoff.due(site.name, now)]
+        with ThreadPoolExecutor(max_workers=max(1, len(due)),
+                                thread_name_prefix="site-read") as reader:
+            # Each site's squeue (a command over SSH) while the pool is read here.
+            reads = {name: reader.submit(_list_pilots, self.backends[name]) for name in due}
+            read = self._read_pool(since)
+            return self._observed(now, read, reads)
+
+    def _observed(self, now: float, read: tuple[QueueView, dict[str, PilotAd]] | None,
+                  reads: Mapping[str, Future[list[SiteJob]]]) -> Observation:
+        """The observation from the pool's `read` and the sites' `reads` (a site not
+        in them is backed off)."""
         demand: tuple[Demand, ...] = ()
         ads: dict[str, PilotAd] = {}
         running_on: frozenset[str] = frozenset()
@@ -137,7 +155,6 @@ class Provisioner:
         size: QueueSize | None = None
         newest: float | None = None
         lacking: tuple[str, ...] = ()
-        read = self._read_pool(since)
         pool_known = read is not None
         if read is not None:
             queue, ads = read
@@ -150,12 +167,12 @@ class Provisioner:
         views, pilots, jobs = [], [], {}
         for site in self.config.sites:
             error = ""
-            if not self.backoff.due(site.name, now):
+            if site.name not in reads:
                 error = (f"backed off after {self.backoff.failures[site.name]} failed reads; "
                          f"next try in {self.backoff.retry_at[site.name] - now:.0f} s")
             else:
                 try:
-                    site_jobs = list(self.backends[site.name].list_pilots())
+                    site_jobs = reads[site.name].result()
                 except BackendError as exc:
                     delay = self.backoff.failed(site.name, now)
                     self.metrics.count("site_read_errors", site.name)

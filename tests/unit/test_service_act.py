@@ -5,6 +5,9 @@ does not stop the others, and an unknown site keeps its last-known pilots."""
 
 from __future__ import annotations
 
+import threading
+from typing import Any
+
 import pytest
 
 from provisioner.config import parse_config
@@ -345,3 +348,49 @@ def test_learnt_state_and_breakers_are_journalled_and_reloaded(world) -> None:  
     again = Provisioner(prov.config, pool=prov.pool, backends=backends, journal=journal,
                         clock=clock)
     assert again.controller.state() == prov.controller.state()
+
+
+def test_sites_are_read_while_the_pool_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each site's squeue runs beside the pool's reads: every site's read waits here
+    until the pool has been read and the other site has started, which read one after
+    the other would never happen (the wait would run out and the test fail)."""
+    prov, pool, backends, _ = make_world()
+    started = {name: threading.Event() for name in backends}
+    pool_read = threading.Event()
+    seen: list[str] = []
+
+    def concurrent(name: str, original: Any) -> Any:
+        def list_pilots() -> list[SiteJob]:
+            started[name].set()
+            others = [e for n, e in started.items() if n != name]
+            assert all(e.wait(10) for e in others) and pool_read.wait(10), name
+            seen.append(name)
+            return list(original())
+        return list_pilots
+
+    for name, backend in backends.items():
+        monkeypatch.setattr(backend, "list_pilots", concurrent(name, backend.list_pilots))
+    original_queue = pool.queue
+
+    def queue(since: float | None = None) -> Any:
+        assert all(e.wait(10) for e in started.values())  # both sites already asked
+        pool_read.set()
+        return original_queue(since)
+
+    monkeypatch.setattr(pool, "queue", queue)
+    obs = prov.observe()
+    assert sorted(seen) == ["fra", "gsi"] and all(v.known for v in obs.snapshot.sites)
+
+
+def test_a_site_whose_read_fails_is_unknown_and_the_others_are_read(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    prov, _pool, backends, _ = make_world()
+    backends["gsi"].jobs = [running_job("7")]
+
+    def fails() -> list[SiteJob]:
+        raise Unreachable("site fra: ssh to fra-login failed: timeout")
+
+    monkeypatch.setattr(backends["fra"], "list_pilots", fails)
+    views = {v.name: v for v in prov.observe().snapshot.sites}
+    assert views["gsi"].known and not views["fra"].known
+    assert "ssh to fra-login failed" in views["fra"].error
