@@ -18,7 +18,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from provisioner.config import PoolConfig
-from provisioner.decide.failed_starts import START_ATTRS, StartFailure, cooling, fold, start_failure
+from provisioner.decide.failed_starts import (
+    START_ATTRS,
+    STARTER_ERROR,
+    StartFailure,
+    cooling,
+    fold,
+    start_failure,
+)
 from provisioner.model import Demand, JobShape
 from provisioner.pool.schedds import QueueView, merge_views, negotiation_targets, roster
 from provisioner.service.accounting import JobRun
@@ -84,29 +91,41 @@ class PilotAd:
         return f"{self.site}/{self.job_id}"
 
 
+def _value(ad: Any, attr: str) -> Any:
+    """`attr`'s value in `ad`: a literal as stored, anything else (an expression)
+    evaluated in the ad. KeyError (and the bindings' errors) when it cannot be read.
+    Reading a literal is ten times cheaper than evaluating it, and a queue of 20,000
+    jobs is read attribute by attribute."""
+    value = ad[attr]
+    if type(value) in (bool, int, float, str):
+        return value
+    return ad.eval(attr)
+
+
 def _int(ad: Any, attr: str, default: int = 0) -> int:
     try:
-        value = ad.eval(attr)
+        value = _value(ad, attr)
     except (KeyError, ValueError, TypeError, RuntimeError):
         return default
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    # strictly a number: not a bool, nor classad2's UNDEFINED and ERROR (an IntEnum)
+    if type(value) is not int and type(value) is not float:
         return default
     return int(value)
 
 
 def _float(ad: Any, attr: str) -> float:
     try:
-        value = ad.eval(attr)
+        value = _value(ad, attr)
     except (KeyError, ValueError, TypeError, RuntimeError):
         return 0.0
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if type(value) is not int and type(value) is not float:
         return 0.0
     return float(value)
 
 
 def _str(ad: Any, attr: str) -> str:
     try:
-        value = ad.eval(attr)
+        value = _value(ad, attr)
     except (KeyError, ValueError, TypeError, RuntimeError):
         return ""
     return value if isinstance(value, str) else ""
@@ -191,8 +210,11 @@ def startd_of(remote_host: str) -> str:
 
 def failure_of(ad: Any) -> StartFailure | None:
     """An idle job's failed start, from its ad (`provisioner.decide.failed_starts`)."""
+    code = _int(ad, "VacateReasonCode")
+    if code != STARTER_ERROR:  # the usual idle job: the rest need not be read
+        return None
     return start_failure(
-        _int(ad, "VacateReasonCode"), _str(ad, "VacateReason"), _int(ad, "JobCurrentStartDate"),
+        code, _str(ad, "VacateReason"), _int(ad, "JobCurrentStartDate"),
         _int(ad, "JobCurrentStartExecutingDate"), _int(ad, "LastVacateTime"),
         _int(ad, "NumJobCoolDowns"), _int(ad, "JobCoolDownExpiration"))
 
