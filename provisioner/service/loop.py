@@ -511,10 +511,12 @@ def run_forever(prov: Provisioner) -> None:
              prov.config.pool.provisioner_id, len(prov.config.sites),
              prov.config.policy.interval_s, prov.config.policy.quick_check_s)
     prov.start_metrics()
-    job()
+    # Following before the first cycle reads the queue: a job submitted between the two
+    # wakes the loop (started after, it would wait for the next quick check).
     follower = follow_submits(prov, sched)
     if follower is not None:
         follower.start()
+    job()
     try:
         sched.start()
     except (KeyboardInterrupt, SystemExit):

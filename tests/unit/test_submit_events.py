@@ -147,9 +147,10 @@ def test_a_submit_wakes_the_loop_and_old_or_other_events_do_not(tmp_path: Path, 
     log.write_text(HEADER + submits(1, 3))  # there before the service: old
     follower, pokes = follow(log)
     said.wait("following the schedd's event log")
-    assert follower.read == 4 and follower.wakeups == 0 and pokes.n == 0
+    # skipped, not read through one by one, and waking nothing
+    assert follower.read == 0 and follower.wakeups == 0 and pokes.n == 0
     append(log, EXECUTE + TERMINATED)
-    wait_until(lambda: follower.read == 6, "execute and terminate read")
+    wait_until(lambda: follower.read == 2, "execute and terminate read")
     assert follower.wakeups == 0 and not follower.wakeup.take()
     append(log, event(7))
     wait_until(lambda: pokes.n == 1, "the submit pokes the scheduler")
@@ -163,26 +164,54 @@ def test_a_malformed_event_is_skipped_without_falling_back(tmp_path: Path, said:
     log.write_text(HEADER + MALFORMED + event(1))  # old, read past at start
     follower, pokes = follow(log)
     said.wait("following")
-    assert follower.read == 2 and pokes.n == 0
+    assert follower.read == 0 and pokes.n == 0
     append(log, MALFORMED + event(2))
     wait_until(lambda: pokes.n == 1, "the submit after it wakes")
-    assert follower.read == 3 and said.count("an event skipped") == 2
+    assert follower.read == 1 and said.count("an event skipped") == 1
     assert said.count("cannot follow") == 0
 
 
-def test_a_burst_is_one_wake_up_per_coalescing_window(tmp_path: Path, follow) -> None:  # type: ignore[no-untyped-def]
+def test_a_submit_right_after_the_start_wakes_the_loop(tmp_path: Path, said: Said,
+                                                       follow) -> None:  # type: ignore[no-untyped-def]
+    """start() returns once the log is open and skipped to its end: a job submitted
+    right after (before the service's first cycle has read the queue) wakes the loop
+    instead of counting as old."""
+    log = tmp_path / "EventLog"
+    log.write_text(HEADER + submits(1, 3))
+    follower, pokes = follow(log)
+    append(log, event(4))  # at once: no wait for "following" first
+    wait_until(lambda: pokes.n == 1, "the submit wakes the loop")
+    assert follower.read == 1
+
+
+def test_a_long_old_log_is_skipped_at_once_and_a_submit_after_it_wakes(
+        tmp_path: Path, said: Said, follow) -> None:  # type: ignore[no-untyped-def]
+    """What the log held when the service started is not read through event by event
+    (20,000 events took seconds; a submit made meanwhile woke nothing): the follower
+    starts where the file ended."""
+    log = tmp_path / "EventLog"
+    log.write_text(HEADER + submits(1, 20_000))
+    follower, pokes = follow(log)
+    said.wait("following the schedd's event log")
+    append(log, event(20_001))
+    wait_until(lambda: pokes.n == 1, "the new submit wakes the loop")
+    assert follower.read == 1 and follower.wakeups == 1
+
+
+def test_a_burst_is_one_wake_up_per_coalescing_window(tmp_path: Path, said: Said,
+                                                      follow) -> None:  # type: ignore[no-untyped-def]
     log = tmp_path / "EventLog"
     log.write_text(HEADER)
     clock = Clock()
     follower, pokes = follow(log, coalesce_s=1.0, clock=clock)
-    wait_until(lambda: follower.read == 1, "the header read")
+    said.wait("following")  # the header skipped
     append(log, submits(1, 50))
-    wait_until(lambda: follower.read == 51, "the burst read")
+    wait_until(lambda: follower.read == 50, "the burst read")
     assert pokes.n == 1  # the first at once; 49 held back within the window
     clock.t = 1.0  # the window ends: one trailing wake-up for the 49
     wait_until(lambda: pokes.n == 2, "the trailing wake-up")
     append(log, submits(51, 50))  # a second burst within the next window
-    wait_until(lambda: follower.read == 101, "the second burst read")
+    wait_until(lambda: follower.read == 100, "the second burst read")
     assert pokes.n == 2
     clock.t = 2.0
     wait_until(lambda: pokes.n == 3, "the second trailing wake-up")
@@ -196,14 +225,14 @@ def test_rotation_reads_the_renamed_file_to_its_end_then_the_new_one_from_its_st
     follower, pokes = follow(log)
     said.wait("following")
     append(log, event(1))
-    wait_until(lambda: follower.read == 2, "the first submit read")
+    wait_until(lambda: follower.read == 1, "the first submit read (the header skipped)")
     os.rename(log, tmp_path / "EventLog.old")  # EVENT_LOG_MAX_SIZE reached
     append(tmp_path / "EventLog.old", event(2))  # written just before the rename
     log.write_text(HEADER + event(3) + event(4))  # the schedd's new log
     said.wait("rotated: reading it anew")
-    wait_until(lambda: follower.read == 2 + 1 + 3, "both files read, the new one whole")
+    wait_until(lambda: follower.read == 1 + 1 + 3, "both files read, the new one whole")
     append(log, event(5))
-    wait_until(lambda: follower.read == 7, "the new file followed")
+    wait_until(lambda: follower.read == 6, "the new file followed")
     assert follower.wakeups == pokes.n == 5  # every submit, none twice (no coalescing here)
     assert said.count("cannot follow") == 0
 
@@ -217,7 +246,7 @@ def test_truncation_reads_the_log_again_from_its_start(tmp_path: Path, said: Sai
     log.write_text(event(6))  # cut and written anew, shorter than what was read
     said.wait("truncated: reading it anew")
     wait_until(lambda: pokes.n == 1, "the submit after the truncation wakes")
-    assert follower.read == 6 + 1
+    assert follower.read == 1  # the 6 old events skipped, not read
     assert said.count("cannot follow") == 0
 
 
