@@ -172,6 +172,7 @@ class Controller:
         `provisioner status` reads the breakers, estimates and stuck shapes from there."""
         return {"estimates": self.estimates.to_dict(), "breakers": self.breakers.to_dict(),
                 "retiring": sorted(self.memory.retiring), "waits_counted": self.estimates.counted(),
+                "boots_pending": self.estimates.booting(),
                 "stuck": self.stuck.to_list(), "limits": self.limits.to_dict()}
 
     def load(self, data: dict[str, Any] | None) -> None:
@@ -181,6 +182,9 @@ class Controller:
         counted = data.get("waits_counted")
         if isinstance(counted, list):
             self.estimates.load_counted(counted)
+        booting = data.get("boots_pending")
+        if isinstance(booting, list):
+            self.estimates.load_booting(booting)
         self.breakers.load(data.get("breakers") or {})
         self.limits.load(data.get("limits") or {})
         stuck = data.get("stuck")

@@ -7,7 +7,9 @@ startd's `DaemonStartTime` in its ad, or, without one, as the time it was first 
 if a cycle saw it pending or starting before (to the resolution of one cycle; fast
 queues start pilots between two full cycles, so the ad's time is what usually counts).
 Each pilot is learnt once: the pilots counted are persisted beside the estimates, so a
-restarted service does not learn its running pilots again. Both are kept as exponential
+restarted service does not learn its running pilots again, and so are the pilots seen
+booting and not yet up, so a restarted service still learns the boot of a pilot that
+came up while it was down (from the ad's `DaemonStartTime`). Both are kept as exponential
 moving averages per site and serialise to a plain dict, which the service persists in
 its journal.
 """
@@ -97,7 +99,16 @@ class Estimates:
 
     def load_counted(self, keys: Iterable[Any]) -> None:
         """Restore what `counted()` returned; anything but a pilot key is skipped."""
-        self._started |= {k for k in keys if isinstance(k, str) and "/" in k}
+        self._started |= _pilot_keys(keys)
+
+    def booting(self) -> list[str]:
+        """The pilots seen pending or starting and not yet up: their boot is still to be
+        learnt (persisted, so a restarted service learns it when it sees them up)."""
+        return sorted(self._booting - self._up)
+
+    def load_booting(self, keys: Iterable[Any]) -> None:
+        """Restore what `booting()` returned; anything but a pilot key is skipped."""
+        self._booting |= _pilot_keys(keys)
 
     def load(self, data: Mapping[str, Any]) -> None:
         """Restore what `to_dict()` wrote; malformed entries are skipped."""
@@ -107,3 +118,7 @@ class Estimates:
                                                      int(e["samples"]))
             except (KeyError, TypeError, ValueError):
                 continue
+
+
+def _pilot_keys(keys: Iterable[Any]) -> set[str]:
+    return {k for k in keys if isinstance(k, str) and "/" in k}

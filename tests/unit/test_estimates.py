@@ -82,3 +82,31 @@ def test_without_the_startds_time_a_boot_not_seen_is_not_guessed() -> None:
     a = ctl.config.policy.placement.smoothing
     assert ctl.estimates.sites["gsi"].boot_s == pytest.approx(
         (1 - a) * ctl.config.policy.placement.default_boot_s + a * 15)  # to one cycle
+
+
+def test_a_pilot_seen_starting_before_a_restart_has_its_boot_learnt_after_it() -> None:
+    """Killed while a pilot boots: the restarted service sees it up, with the startd's
+    start time in its ad, and learns its boot (its wait stays counted once)."""
+    ctl = Controller(config())
+    starting = dataclasses.replace(pilot("1", PilotState.STARTING, started=NOW - 2),
+                                   submitted_at=NOW - 5)
+    ctl.cycle(snap([], [starting]), NOW)
+    est = ctl.estimates.sites["gsi"]
+    default = ctl.config.policy.placement.default_boot_s
+    assert est.samples == 1 and est.boot_s == default
+    assert ctl.state()["boots_pending"] == ["gsi/1"]
+    restarted = Controller(config())
+    restarted.load(ctl.state())
+    joined = dataclasses.replace(up("1", NOW - 2, NOW + 2), submitted_at=NOW - 5)
+    restarted.cycle(snap([], [joined]), NOW + 10)
+    after = restarted.estimates.sites["gsi"]
+    a = ctl.config.policy.placement.smoothing
+    assert after.samples == 1 and after.boot_s == (1 - a) * default + a * 4
+    assert restarted.state()["boots_pending"] == []
+    again = Controller(config())  # and once up, a further restart learns nothing more
+    again.load(restarted.state())
+    again.cycle(snap([], [joined]), NOW + 20)
+    assert again.estimates.sites["gsi"] == after
+    bad = Controller(config())
+    bad.load({"boots_pending": ["gsi/9", 4, "nokey"]})
+    assert bad.estimates.booting() == ["gsi/9"]
