@@ -7,7 +7,7 @@ TESTBED := deploy/testbed/testbed
 # Run pytest, treating "no tests collected" (exit 5) as the failure it is.
 PYTEST_STRICT = rc=0; $(1) || rc=$$?; if [ $$rc -eq 5 ]; then echo "error: no tests collected by: $(1)" >&2; exit 1; fi; exit $$rc
 
-.PHONY: test test-fast unit integration lint bench bench-overhead bench-report bench-scale bench-small demo campaign testbed testbed-status clean-testbed venv
+.PHONY: test test-fast unit integration integration-shard lint bench bench-overhead bench-report bench-scale bench-small demo campaign testbed testbed-status clean-testbed venv
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -35,6 +35,14 @@ unit: venv
 PYTEST_ARGS ?=
 integration: testbed
 	@$(call PYTEST_STRICT,$(TESTBED) exec -- pytest -q -p no:cacheprovider $(PYTEST_ARGS) /src/tests/integration)
+
+# One shard of the integration files (SHARD=K/N, split by tests/shards.py) in the
+# testbed whose state directory is TESTBED_STATE (`make test` runs N at once).
+SHARD ?= 1/1
+integration-shard: testbed
+	@files=$$($(PYTHON) tests/shards.py $(subst /, ,$(SHARD)) | sed 's|^|/src/tests/integration/|') \
+		&& [ -n "$$files" ] || { echo "error: no files in shard $(SHARD)" >&2; exit 1; }; \
+		$(call PYTEST_STRICT,$(TESTBED) exec -- pytest -q -p no:cacheprovider $(PYTEST_ARGS) $$files)
 
 lint: venv
 	$(VENV)/bin/ruff check provisioner tests bench

@@ -44,7 +44,8 @@ def wait_for(what: str, predicate: Callable[[], object], timeout: float, step: f
     """Poll `predicate` until it returns something true. A poll that raises (a
     daemon restarting under a fault test) counts as not yet; the last error is
     reported if time runs out."""
-    deadline = time.time() + timeout
+    start = time.time()
+    deadline = start + timeout
     last: Exception | None = None
     while time.time() < deadline:
         try:
@@ -52,6 +53,7 @@ def wait_for(what: str, predicate: Callable[[], object], timeout: float, step: f
         except Exception as exc:
             last, value = exc, None
         if value:
+            print(f"[{time.strftime('%H:%M:%S')}] {time.time() - start:5.1f} s: {what}")
             return value
         time.sleep(step)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}"
@@ -78,6 +80,9 @@ def clean_pool() -> None:
     the wrapper) so their startds withdraw their ads; a hard scancel is the fallback."""
     run(["condor_rm", "-all"], check=False)
     for site in SITES:
+        # A signal reaches only a running job: one still pending is cancelled outright
+        # (it has no process and no ad), first, so that none starts unsignalled.
+        slurm(site, ["scancel", "-u", "pilot", "--state=PENDING"], check=False)
         slurm(site, ["scancel", "-u", "pilot", "--batch", "--signal=TERM"], check=False)
     try:
         wait_for("pilot jobs to stop", lambda: not any(all_pilot_jobs().values()), 60)
