@@ -37,7 +37,8 @@ def measured(table: Path = TABLE) -> dict[str, float]:
             name, value = line.split()
             minutes[name] = float(value)
         except ValueError:
-            raise SystemExit(f"{table}:{number}: expected `file<TAB>minutes`, got {line!r}")
+            raise SystemExit(f"{table}:{number}: expected `file<TAB>minutes`, "
+                             f"got {line!r}") from None
     return minutes
 
 
