@@ -37,12 +37,13 @@ integration: testbed
 	@$(call PYTEST_STRICT,$(TESTBED) exec -- pytest -q -p no:cacheprovider $(PYTEST_ARGS) /src/tests/integration)
 
 # One shard of the integration files (SHARD=K/N, split by tests/shards.py) in the
-# testbed whose state directory is TESTBED_STATE (`make test` runs N at once).
+# testbed whose state directory is TESTBED_STATE (`make test` runs N at once), a line
+# per test as it ends (the shards' lines interleave).
 SHARD ?= 1/1
 integration-shard: testbed
 	@files=$$($(PYTHON) tests/shards.py $(subst /, ,$(SHARD)) | sed 's|^|/src/tests/integration/|') \
 		&& [ -n "$$files" ] || { echo "error: no files in shard $(SHARD)" >&2; exit 1; }; \
-		$(call PYTEST_STRICT,$(TESTBED) exec -- pytest -q -p no:cacheprovider $(PYTEST_ARGS) $$files)
+		$(call PYTEST_STRICT,$(TESTBED) exec -- pytest -v -p no:cacheprovider $(PYTEST_ARGS) $$files)
 
 lint: venv
 	$(VENV)/bin/ruff check provisioner tests bench

@@ -2,9 +2,10 @@
 
 Everything goes through the HTCondor Python bindings (module `htcondor2`), as
 the provisioner's own identity (its IDTOKEN; no other method). Reads are
-batched: one query per schedd and one collector query per cycle. A read that fails
-raises `PoolUnreachable`: the caller must treat the pool as unknown, never as
-empty; a schedd that fails while others answer is named in `QueueView.unknown`.
+batched: one query per schedd (the queue grouped by shape on the schedd's side) and
+one collector query per cycle. A read that fails raises `PoolUnreachable`: the caller
+must treat the pool as unknown, never as empty; a schedd that fails while others
+answer is named in `QueueView.unknown`.
 """
 
 from __future__ import annotations
@@ -37,9 +38,16 @@ log = logging.getLogger(__name__)
 #: (`provisioner.pool.prototype`).
 MATCH_JOB_ATTRS = ("FileSystemDomain", "UidDomain", "WantContainer", "ContainerImage",
                    "WantDocker", "DockerImage", "SingularityImage", "JobUniverse")
-JOB_ATTRS = ["JobStatus", "RemoteHost", "QDate", "RequestCpus", "RequestMemory", "RequestDisk",
-             "RequestGPUs", "MaxRuntime", "DesiredSites", "Requirements", *MATCH_JOB_ATTRS,
-             *START_ATTRS]
+#: What `shape_of` reads.
+SHAPE_ATTRS = ["RequestCpus", "RequestMemory", "RequestDisk", "RequestGPUs", "MaxRuntime",
+               "DesiredSites", "Requirements", *MATCH_JOB_ATTRS]
+#: A job's own ad, as `queue_view` reads it.
+JOB_ATTRS = ["JobStatus", "RemoteHost", "QDate", *SHAPE_ATTRS, *START_ATTRS]
+#: What the schedd groups the queue by (its GroupBy query, `read_queue`): jobs alike in
+#: all of these (and in the job attributes their expressions name) come back as one ad
+#: with their JobCount. A failed start's own attributes are not among them: jobs whose
+#: last try ended with a starter error are read one by one.
+GROUP_ATTRS = ["JobStatus", "RemoteHost", "QDate", "VacateReasonCode", *SHAPE_ATTRS]
 SLOT_ATTRS = ["Name", "Machine", "PilotSite", "PilotSlurmJobId",
               "PilotWalltimeEnd", "PartitionableSlot", "DynamicSlot", "State", "Activity",
               "Cpus", "Memory", "GPUs", "TotalSlotCpus", "TotalSlotMemory", "TotalSlotGPUs",
@@ -62,6 +70,8 @@ HISTORY_MATCH = 5000
 #: three hold a claim on a pilot.
 QUEUE_CONSTRAINT = "JobStatus == 1 || JobStatus == 2 || JobStatus == 6 || JobStatus == 7"
 HOLDS_CLAIM = (2, 6, 7)
+#: Idle jobs whose last try ended with a starter error (`failure_of` reads them).
+FAILED_IDLE = f"JobStatus == 1 && VacateReasonCode == {STARTER_ERROR}"
 
 
 class PoolUnreachable(Exception):
@@ -224,7 +234,8 @@ def queue_view(ads: Iterable[Any], since: float | None = None, now: float | None
     """Fold job ads (idle and running) into demand, busy startds and, when `since`
     is given, the jobs submitted since then (the recent arrivals). Idle jobs whose last
     start failed go into `failing`; with `now`, those in their cool-down at `now` are
-    not demand."""
+    not demand. An ad with a JobCount (a group from the schedd's GroupBy query) stands
+    for that many jobs alike; any other for one."""
     counts: Counter[JobShape] = Counter()
     failed: list[tuple[JobShape, StartFailure]] = []
     arrivals: Counter[JobShape] = Counter()
@@ -232,7 +243,10 @@ def queue_view(ads: Iterable[Any], since: float | None = None, now: float | None
     total = older = 0
     newest: float | None = None
     for ad in ads:
-        total += 1
+        jobs = _int(ad, "JobCount", 1)
+        if jobs <= 0:
+            continue
+        total += jobs
         qdate = _int(ad, "QDate")
         if qdate and (newest is None or qdate > newest):
             newest = float(qdate)
@@ -241,19 +255,41 @@ def queue_view(ads: Iterable[Any], since: float | None = None, now: float | None
         if status == 1 and shape is not None:
             failure = failure_of(ad)
             if failure is not None:
-                failed.append((shape, failure))
+                failed.extend([(shape, failure)] * jobs)
             if not cooling(failure, now):
-                counts[shape] += 1
+                counts[shape] += jobs
         elif status in HOLDS_CLAIM and _str(ad, "RemoteHost"):
             running.add(startd_of(_str(ad, "RemoteHost")))
         if since is not None and shape is not None:
             if qdate >= since:
-                arrivals[shape] += 1
+                arrivals[shape] += jobs
             else:
-                older += 1
+                older += jobs
     return QueueView(tuple(Demand(s, n) for s, n in counts.items()), frozenset(running),
                      tuple(Demand(s, n) for s, n in arrivals.items()), total, older, newest,
                      fold(failed, now))
+
+
+def read_queue(schedd: Any, group_by: Any, since: float | None = None,
+               now: float | None = None) -> QueueView:
+    """One schedd's queue as `queue_view` folds it, read in groups of jobs alike: the
+    schedd's GroupBy query (`group_by`, the bindings' QueryOpt.GroupBy) returns one ad
+    per distinct combination of GROUP_ATTRS, with its JobCount, so a queue of 20,000
+    jobs in a few hundred shapes comes back as a few hundred ads. The grouping is the
+    schedd's autocluster signature: attribute texts, and the job attributes their
+    expressions name come with them (a RequestMemory that reads MemoryUsage is
+    evaluated as in the job). The groups of idle jobs whose last try ended with a
+    starter error are read again one job at a time (`failure_of` needs each job's
+    dates); a job that changed between the two queries is read as it was in the first,
+    or, if it left the failed state, not at all this cycle. A schedd that ignores the
+    grouping returns plain job ads, each counted once."""
+    groups = [ad for ad in schedd.query(constraint=QUEUE_CONSTRAINT,
+                                        projection=GROUP_ATTRS, opts=group_by)]
+    ads = [ad for ad in groups if not (_int(ad, "JobStatus") == 1
+                                       and _int(ad, "VacateReasonCode") == STARTER_ERROR)]
+    if len(ads) < len(groups):
+        ads.extend(schedd.query(constraint=FAILED_IDLE, projection=JOB_ATTRS))
+    return queue_view(ads, since, now)
 
 
 def pilot_ads_of(slot_ads: Iterable[Any]) -> dict[str, PilotAd]:
@@ -373,8 +409,9 @@ class Pool:
         own ad in the collector may lag by an update interval.
         """
         now = time.time()
-        views, unknown = self._each("queue query", lambda s: queue_view(
-            s.query(constraint=QUEUE_CONSTRAINT, projection=JOB_ATTRS), arrivals_since, now))
+        group_by = self.htcondor.QueryOpt.GroupBy
+        views, unknown = self._each("queue query", lambda s: read_queue(
+            s, group_by, arrivals_since, now))
         merged = merge_views(views, unknown)
         self.idle_by_schedd = dict(merged.idle_by_schedd)
         return merged

@@ -12,7 +12,7 @@ status` say "gsi: at its submission limit (2 jobs)".
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -53,6 +53,17 @@ def _refusals() -> int:
     return CTLD_LOG.read_text(errors="replace").count(REFUSED) if CTLD_LOG.exists() else 0
 
 
+def _cycle_after_refusal(svc: Service) -> Callable[[], str | None]:
+    """The line of the first cycle logged after gsi's refusal (None: not yet)."""
+    def line() -> str | None:
+        lines = svc.text().splitlines()
+        refused = [i for i, x in enumerate(lines) if "gsi: at its submission limit" in x]
+        if not refused:
+            return None
+        return next((x for x in lines[refused[0]:] if " cycle " in x), None)
+    return line
+
+
 def test_a_burst_beyond_the_submit_limit_overflows_to_the_other_site(limited: None) -> None:
     clean_pool()
     directory = service_dir()
@@ -65,9 +76,11 @@ def test_a_burst_beyond_the_submit_limit_overflows_to_the_other_site(limited: No
             svc.start()
             wait_for("the limit learnt",
                      lambda: f"gsi: at its submission limit ({LIMIT} jobs)" in svc.text(), 120)
-            # the overflow went to Frankfurt in the cycle of the refusal
-            placed = [line for line in svc.text().splitlines() if "placed anew" in line]
-            assert any("at frankfurt" in line for line in placed), svc.text()
+            # the overflow went to Frankfurt in the cycle of the refusal: that cycle's
+            # line comes once it has acted, after the refusal's own
+            line = wait_for("the cycle of the refusal logged", _cycle_after_refusal(svc),
+                            60, step=0.2)
+            assert "placed anew" in str(line) and "at frankfurt" in str(line), svc.text()
             status = run(["/opt/venv/bin/provisioner", "-c", str(config), "status"],
                          user="provisioner").stdout
             assert f"gsi: at its submission limit ({LIMIT} jobs" in status, status

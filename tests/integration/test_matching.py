@@ -18,10 +18,20 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import htcondor2 as htcondor
 import pytest
 from conftest import run
 from servicectl import SERVICE_USER, Service, SiteWatch, service_dir, write_config
 from test_loop import all_pilot_jobs, clean_pool, pilot_startds, submit, wait_for
+
+from provisioner.pool.condor import (
+    GROUP_ATTRS,
+    JOB_ATTRS,
+    QUEUE_CONSTRAINT,
+    queue_view,
+    read_queue,
+)
+from provisioner.pool.schedds import QueueView
 
 #: Short for a test; the testbed's pilots end themselves unclaimed after 600 s.
 STUCK_AFTER_S = 40
@@ -122,4 +132,40 @@ def test_jobs_no_real_pilot_matches_are_found_stuck_and_get_no_pilot() -> None:
     finally:
         svc.stop()
         print(f"--- service log ({svc.log}) ---\n{svc.text()}")
+        clean_pool()
+
+
+def _summary(view: QueueView) -> tuple[object, ...]:
+    return (sorted((repr(d.shape), d.idle) for d in view.demand), view.running_on,
+            sorted((repr(d.shape), d.idle) for d in view.recent_arrivals), view.total,
+            view.older, view.newest)
+
+
+def test_the_queue_read_in_groups_says_what_each_job_says() -> None:
+    """The schedd's GroupBy query (the service's queue read) gives the demand, arrivals
+    and counts that reading every job gives, on the real schedd: jobs alike in one ad
+    with their JobCount, and a request whose expression reads another job attribute
+    (MemoryUsage) grouped by that attribute too, though the query does not name it."""
+    clean_pool()
+    try:
+        memory = "request_memory = ifThenElse(MemoryUsage =!= undefined, MemoryUsage * 2, 700)\n"
+        submit("groups-a", 5, 5, extra="request_cpus = 2\n")
+        submit("groups-b", 3, 5, extra=memory + "+MaxRuntime = 600\n")
+        submit("groups-c", 2, 5, extra=memory + "+MaxRuntime = 600\n+MemoryUsage = 900\n")
+        submit("groups-d", 2, 5, extra='+DesiredSites = "gsi"\n'
+               'requirements = (OpSys == "LINUX") && (TARGET.Arch == "X86_64")\n')
+        schedd = htcondor.Schedd()
+        now = time.time()
+        since = now - 3600
+        groups = schedd.query(constraint=QUEUE_CONSTRAINT, projection=GROUP_ATTRS,
+                              opts=htcondor.QueryOpt.GroupBy)
+        assert sorted(int(g["JobCount"]) for g in groups) == [2, 2, 3, 5], groups
+        grouped = read_queue(schedd, htcondor.QueryOpt.GroupBy, since, now)
+        one_by_one = queue_view(schedd.query(constraint=QUEUE_CONSTRAINT,
+                                             projection=JOB_ATTRS), since, now)
+        assert _summary(grouped) == _summary(one_by_one)
+        memories = sorted((d.shape.memory_mb, d.idle) for d in grouped.demand)
+        assert memories == [(500, 2), (500, 5), (700, 3), (1800, 2)], memories
+        assert grouped.total == 12 and grouped.older == 0
+    finally:
         clean_pool()

@@ -7,8 +7,22 @@ from __future__ import annotations
 
 import classad2
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from provisioner.pool.condor import _float, _int, _str, failure_of, queue_view, shape_of
+from provisioner.pool.condor import (
+    FAILED_IDLE,
+    GROUP_ATTRS,
+    QUEUE_CONSTRAINT,
+    _float,
+    _int,
+    _str,
+    failure_of,
+    queue_view,
+    read_queue,
+    shape_of,
+)
+from provisioner.pool.schedds import QueueView
 
 
 def ad(**attrs: object) -> classad2.ClassAd:
@@ -71,3 +85,102 @@ def test_undefined_or_error_is_no_number() -> None:
     assert _float(job, "MaxRuntime") == 0.0
     shape = shape_of(job)
     assert (shape.cpus, shape.memory_mb, shape.runtime_s) == (1, 0, None)
+
+
+# -- the queue read in groups (the schedd's GroupBy query) ----------------------------
+def grouped(jobs: list[classad2.ClassAd]) -> list[classad2.ClassAd]:
+    """What the schedd's GroupBy query returns for `jobs`: one ad per distinct text of
+    GROUP_ATTRS (and of the attributes their expressions name, here MemoryUsage), with
+    its JobCount."""
+    keyed: dict[tuple[str, ...], list[classad2.ClassAd]] = {}
+    for job in jobs:
+        names = [*GROUP_ATTRS, "MemoryUsage"]
+        key = tuple(str(job.lookup(a)) if a in job else "" for a in names)
+        keyed.setdefault(key, []).append(job)
+    out = []
+    for members in keyed.values():
+        group = classad2.ClassAd()
+        for name in [*GROUP_ATTRS, "MemoryUsage"]:
+            if name in members[0]:
+                group[name] = members[0].lookup(name)
+        group["JobCount"] = len(members)
+        out.append(group)
+    return out
+
+
+REQUEST_MEMORY = "ifThenElse(MemoryUsage =!= undefined, MemoryUsage * 2, 500)"
+
+
+@st.composite
+def job_ads(draw: st.DrawFn) -> classad2.ClassAd:
+    status = draw(st.sampled_from([1, 1, 1, 2, 6, 7]))
+    job = ad(JobStatus=status, QDate=draw(st.sampled_from([100, 200, 300])),
+             RequestCpus=draw(st.sampled_from([1, 2, 8])),
+             RequestMemory=classad2.ExprTree(REQUEST_MEMORY),
+             DesiredSites=draw(st.sampled_from(["", "gsi", "gsi, frankfurt"])))
+    if draw(st.booleans()):
+        job["MemoryUsage"] = draw(st.sampled_from([100, 700]))
+    if draw(st.booleans()):
+        job["MaxRuntime"] = draw(st.sampled_from([600, 3600]))
+    if status != 1:
+        job["RemoteHost"] = f"slot1_{draw(st.integers(1, 3))}@pilot-gsi-{draw(st.integers(1, 4))}@n"
+    elif draw(st.booleans()):
+        job["VacateReasonCode"] = 1006  # an eviction: no failed start
+    return job
+
+
+def summary(view: QueueView) -> tuple[object, ...]:
+    return (sorted((repr(d.shape), d.idle) for d in view.demand), view.running_on,
+            sorted((repr(d.shape), d.idle) for d in view.recent_arrivals), view.total,
+            view.older, view.newest)
+
+
+@given(st.lists(job_ads(), max_size=40), st.sampled_from([None, 150.0, 250.0]))
+def test_groups_fold_as_the_jobs_they_stand_for(jobs: list[classad2.ClassAd],
+                                                 since: float | None) -> None:
+    assert summary(queue_view(grouped(jobs), since, 1000.0)) == \
+        summary(queue_view(jobs, since, 1000.0))
+
+
+class GroupingSchedd:
+    """A schedd that groups as the real one does, and answers the per-job query."""
+
+    def __init__(self, jobs: list[classad2.ClassAd], group: bool = True) -> None:
+        self.jobs, self.group = jobs, group
+        self.queries: list[tuple[str, bool]] = []
+
+    def query(self, constraint: str, projection: list[str], opts: object = None
+              ) -> list[classad2.ClassAd]:
+        self.queries.append((constraint, opts == "groupby"))
+        if constraint == FAILED_IDLE:
+            return [j for j in self.jobs if j.get("JobStatus") == 1
+                    and j.get("VacateReasonCode") == 1007]
+        return grouped(self.jobs) if opts == "groupby" and self.group else list(self.jobs)
+
+
+def failed_job(start: int) -> classad2.ClassAd:
+    return ad(JobStatus=1, QDate=100, RequestCpus=4, VacateReasonCode=1007,
+              VacateReason="Singularity test failed", JobCurrentStartDate=start,
+              JobCurrentStartExecutingDate=start, LastVacateTime=start + 1,
+              NumJobCoolDowns=1, JobCoolDownExpiration=start + 600)
+
+
+def test_failed_starts_are_read_job_by_job_and_the_rest_in_groups() -> None:
+    jobs = [ad(JobStatus=1, QDate=100, RequestCpus=1) for _ in range(50)]
+    jobs += [failed_job(900), failed_job(100)]  # cooling at 1000, and not any more
+    schedd = GroupingSchedd(jobs)
+    view = read_queue(schedd, "groupby", None, 1000.0)
+    assert schedd.queries == [(QUEUE_CONSTRAINT, True), (FAILED_IDLE, False)]
+    assert sorted((d.shape.cpus, d.idle) for d in view.demand) == [(1, 50), (4, 1)]
+    [failing] = view.failing
+    assert failing.jobs == 2 and view.total == 52
+    assert summary(view) == summary(queue_view(jobs, None, 1000.0))
+
+
+def test_without_failed_starts_one_query_and_an_old_schedd_counts_alike() -> None:
+    jobs = [ad(JobStatus=1, QDate=100, RequestCpus=c) for c in (1, 1, 2)]
+    jobs.append(ad(JobStatus=2, QDate=50, RemoteHost="slot1_1@pilot-gsi-1@n"))
+    grouping, plain = GroupingSchedd(jobs), GroupingSchedd(jobs, group=False)
+    assert summary(read_queue(grouping, "groupby", 80.0, 1000.0)) == \
+        summary(read_queue(plain, "groupby", 80.0, 1000.0))
+    assert len(grouping.queries) == 1

@@ -134,6 +134,7 @@ class FakeBindings:
 
     class QueryOpt:
         SummaryOnly = "summary"
+        GroupBy = "groupby"  # the fake schedd ignores it, as an old one would
 
     def __init__(self, *schedds: FakeSchedd) -> None:
         self.schedds = {s.name: s for s in schedds}
