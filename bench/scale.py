@@ -140,7 +140,8 @@ class Counting:
             setattr(cls, method, original)
 
 
-def measure(cycles: int) -> tuple[list[dict[str, float]], list[Counter[str]], float, float]:
+def measure(cycles: int) -> tuple[list[dict[str, float]], list[Counter[str]], float, float,
+                                  dict[str, float]]:
     config = load_config(CONFIG)
     # Root's copy of the token; a journal in memory (a root-owned journal file
     # would lock the service's own account out of it).
@@ -179,7 +180,25 @@ def measure(cycles: int) -> tuple[list[dict[str, float]], list[Counter[str]], fl
     tracemalloc.stop()
     counting.restore()
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return timings, calls, peak, rss
+    return timings, calls, peak, rss, parts(prov)
+
+
+def parts(prov: Provisioner, repeats: int = 3) -> dict[str, float]:
+    """Each read of a cycle on its own, one after the other (in a cycle the sites'
+    commands run beside the pool's queries): median seconds of `repeats`."""
+    def timed(call: Any) -> float:
+        times = []
+        for _ in range(repeats):
+            t0 = time.monotonic()
+            call()
+            times.append(time.monotonic() - t0)
+        return statistics.median(times)
+
+    out = {"schedd queue read (all schedds, grouped by shape)": timed(prov.pool.queue),
+           "collector: the pilots' startd ads": timed(prov.pool.pilot_ads)}
+    for site, backend in prov.backends.items():
+        out[f"squeue at {site} over SSH, parsed"] = timed(backend.list_pilots)
+    return out
 
 
 def cleanup(job_name: str) -> None:
@@ -204,7 +223,7 @@ def main() -> int:
     try:
         submit_jobs(args.jobs, args.shapes)
         fake_pilots(args.pilots_per_site, job_name)
-        timings, calls, peak, rss = measure(args.cycles)
+        timings, calls, peak, rss, split = measure(args.cycles)
     finally:
         cleanup(job_name)
     later = timings[1:] or timings
@@ -226,6 +245,10 @@ def main() -> int:
         "| queries per cycle | count |",
         "| --- | --- |",
         *(f"| {k} | {v} |" for k, v in sorted(calls[-1].items())),
+        "",
+        "| each read on its own (median of 3) | s |",
+        "| --- | --- |",
+        *(f"| {k} | {v:.3f} |" for k, v in split.items()),
         "",
         f"Memory: peak Python allocations during a cycle {peak:.0f} MiB; "
         f"process maximum resident size {rss:.0f} MiB.",

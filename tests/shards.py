@@ -13,10 +13,14 @@ measured.
 
     python3 tests/shards.py K N     the files of shard K (1..N), one per line
     python3 tests/shards.py N       every shard's files and expected minutes
+    python3 tests/shards.py --from-log LOG
+                                    the table from the output of `make test
+                                    PYTEST_ARGS=--durations=0` (to stdout)
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -60,7 +64,31 @@ def split(files: list[str], minutes: dict[str, float], shards: int) -> list[list
     return [sorted(s) for s in out]
 
 
+#: A line of pytest's --durations report, as `make test` prints it (a shard's prefix
+#: first): "[testbed 1] 12.34s call     src/tests/integration/test_x.py::test_y".
+_DURATION = re.compile(r"^(?:\[testbed \d+\] )?\s*([\d.]+)s (?:call|setup|teardown)\s+"
+                       r"\S*?(test_\w+\.py)::")
+
+
+def from_log(text: str) -> str:
+    """The durations table of a `make test PYTEST_ARGS=--durations=0` output."""
+    seconds: dict[str, float] = {}
+    for line in text.splitlines():
+        found = _DURATION.match(line)
+        if found:
+            name = found.group(2)
+            seconds[name] = seconds.get(name, 0.0) + float(found.group(1))
+    head = TABLE.read_text().split("\n")
+    comments = [line for line in head if line.startswith("#")]
+    rows = [f"{name}\t{total / 60:.1f}" for name, total in
+            sorted(seconds.items(), key=lambda kv: (-kv[1], kv[0]))]
+    return "\n".join([*comments, *rows]) + "\n"
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) == 2 and argv[0] == "--from-log":
+        print(from_log(Path(argv[1]).read_text()), end="")
+        return 0
     if len(argv) not in (1, 2) or not all(a.isdigit() for a in argv):
         print(__doc__, file=sys.stderr)
         return 2

@@ -154,18 +154,25 @@ def test_the_queue_read_in_groups_says_what_each_job_says() -> None:
         submit("groups-c", 2, 5, extra=memory + "+MaxRuntime = 600\n+MemoryUsage = 900\n")
         submit("groups-d", 2, 5, extra='+DesiredSites = "gsi"\n'
                'requirements = (OpSys == "LINUX") && (TARGET.Arch == "X86_64")\n')
+        # a Requirements that reads a job attribute the query does not name
+        image = 'requirements = (SingularityImage =!= undefined)\n+SingularityImage = '
+        submit("groups-e", 1, 5, extra=image + '"/opt/images/a.sif"\n')
+        submit("groups-f", 1, 5, extra=image + '"/opt/images/b.sif"\n')
         schedd = htcondor.Schedd()
         now = time.time()
         since = now - 3600
         groups = schedd.query(constraint=QUEUE_CONSTRAINT, projection=GROUP_ATTRS,
                               opts=htcondor.QueryOpt.GroupBy)
-        assert sorted(int(g["JobCount"]) for g in groups) == [2, 2, 3, 5], groups
+        assert sorted(int(g["JobCount"]) for g in groups) == [1, 1, 2, 2, 3, 5], groups
         grouped = read_queue(schedd, htcondor.QueryOpt.GroupBy, since, now)
         one_by_one = queue_view(schedd.query(constraint=QUEUE_CONSTRAINT,
                                              projection=JOB_ATTRS), since, now)
         assert _summary(grouped) == _summary(one_by_one)
         memories = sorted((d.shape.memory_mb, d.idle) for d in grouped.demand)
-        assert memories == [(500, 2), (500, 5), (700, 3), (1800, 2)], memories
-        assert grouped.total == 12 and grouped.older == 0
+        assert memories == [(500, 1), (500, 1), (500, 2), (500, 5), (700, 3), (1800, 2)]
+        images = sorted(dict(d.shape.match_attrs).get("SingularityImage", "")
+                        for d in grouped.demand)
+        assert images[-2:] == ['"/opt/images/a.sif"', '"/opt/images/b.sif"'], images
+        assert grouped.total == 14 and grouped.older == 0
     finally:
         clean_pool()

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from provisioner.pool.condor import (
     FAILED_IDLE,
     GROUP_ATTRS,
+    MATCH_JOB_ATTRS,
     QUEUE_CONSTRAINT,
     _float,
     _int,
@@ -90,17 +91,21 @@ def test_undefined_or_error_is_no_number() -> None:
 # -- the queue read in groups (the schedd's GroupBy query) ----------------------------
 def grouped(jobs: list[classad2.ClassAd]) -> list[classad2.ClassAd]:
     """What the schedd's GroupBy query returns for `jobs`: one ad per distinct text of
-    GROUP_ATTRS (and of the attributes their expressions name, here MemoryUsage), with
-    its JobCount."""
+    GROUP_ATTRS and of the job attributes their expressions name (here MemoryUsage and
+    those of MATCH_JOB_ATTRS a Requirements reads), with its JobCount."""
     keyed: dict[tuple[str, ...], list[classad2.ClassAd]] = {}
+
+    def names(job: classad2.ClassAd) -> list[str]:
+        text = str(job.lookup("Requirements")) if "Requirements" in job else ""
+        return [*GROUP_ATTRS, "MemoryUsage", *(a for a in MATCH_JOB_ATTRS if a in text)]
+
     for job in jobs:
-        names = [*GROUP_ATTRS, "MemoryUsage"]
-        key = tuple(str(job.lookup(a)) if a in job else "" for a in names)
+        key = tuple(f"{a}={job.lookup(a)}" if a in job else a for a in names(job))
         keyed.setdefault(key, []).append(job)
     out = []
     for members in keyed.values():
         group = classad2.ClassAd()
-        for name in [*GROUP_ATTRS, "MemoryUsage"]:
+        for name in names(members[0]):
             if name in members[0]:
                 group[name] = members[0].lookup(name)
         group["JobCount"] = len(members)
@@ -122,6 +127,9 @@ def job_ads(draw: st.DrawFn) -> classad2.ClassAd:
         job["MemoryUsage"] = draw(st.sampled_from([100, 700]))
     if draw(st.booleans()):
         job["MaxRuntime"] = draw(st.sampled_from([600, 3600]))
+    if draw(st.booleans()):  # a Requirements that reads a job attribute of its own
+        job["Requirements"] = classad2.ExprTree("SingularityImage =!= undefined")
+        job["SingularityImage"] = draw(st.sampled_from(["a.sif", "b.sif"]))
     if status != 1:
         job["RemoteHost"] = f"slot1_{draw(st.integers(1, 3))}@pilot-gsi-{draw(st.integers(1, 4))}@n"
     elif draw(st.booleans()):

@@ -56,3 +56,12 @@ def test_shard_numbers_outside_1_to_n_are_refused() -> None:
     assert shards.main(["3", "2"]) == 2
     with pytest.raises(ValueError, match="at least 1"):
         shards.split(["test_a.py"], {}, 0)
+
+
+def test_the_table_from_a_make_test_log_sums_each_files_phases() -> None:
+    log = ("[testbed 2] 60.00s call     src/tests/integration/test_a.py::test_x\n"
+           "[testbed 1] 30.00s teardown tests/integration/test_a.py::test_y[p-1]\n"
+           "  6.00s setup    src/tests/integration/test_b.py::test_z\n"
+           "[testbed 1] PASSED src/tests/integration/test_c.py::test_w\n")
+    rows = [line for line in shards.from_log(log).splitlines() if not line.startswith("#")]
+    assert rows == ["test_a.py\t1.5", "test_b.py\t0.1"]
