@@ -139,21 +139,6 @@ class Budget:
         return got
 
 
-def _end(p: Pilot, walltime_s: int, margin_s: int, now: float) -> float | None:
-    """When SLURM ends pilot `p` (started or starting), or None if `p` takes no new work:
-    within the shutdown `margin_s` of its end, the pilot stops starting jobs (a pilot
-    whose end is not known ends `walltime_s` after its start). A pending pilot gets a
-    full walltime when it starts (its runtime fit was checked per site): it has no end
-    yet (INF)."""
-    end = p.walltime_end
-    if end is None:
-        start = p.started_at if p.started_at is not None else now
-        end = start + walltime_s
-    if end - margin_s <= now:
-        return None
-    return end
-
-
 def site_rows(snapshot: Snapshot, memory: CycleMemory, config: Config) -> dict[str, SiteRow]:
     """One `SiteRow` per configured site with its pilot counts, its room for new pilots
     (the tightest of its caps, its circuit breaker and its SLURM limits; none at a site
@@ -199,23 +184,40 @@ def add_capacity(sites: dict[str, SiteRow], snapshot: Snapshot, now: float,
     # per site: (walltime of a fresh pilot, shutdown margin), looked up once
     times = {name: (s.config.pilot.walltime_s, s.config.pilot.shutdown_margin_s)
              for name, s in sites.items()}
+    tier_of, whole, pending = _TIER_OF, _WHOLE, _PENDING  # locals: this loop runs per pilot
     for p in snapshot.pilots:
-        tier = _TIER_OF.get(p.state)
-        site_times = times.get(p.site)
-        if tier is None or site_times is None or p.limit_reason or p.key in skip:
-            continue  # a pilot pending at a job-count limit is no capacity on its way
-        if tier >= _WHOLE:
-            c, m, g = p.cpus, p.memory_mb, p.gpus
-        elif p.free_cpus > 0:
-            c, m, g = p.free_cpus, p.free_memory_mb, p.free_gpus
-        else:
+        tier = tier_of.get(p.state)
+        if tier is None:
             continue
-        end = INF if tier == _PENDING else _end(p, site_times[0], site_times[1], now)
-        if end is None:
-            continue  # within the shutdown margin: not capacity any more
+        if tier >= whole:
+            c, m, g = p.cpus, p.memory_mb, p.gpus
+        else:
+            c = p.free_cpus
+            if c <= 0:
+                continue
+            m, g = p.free_memory_mb, p.free_gpus
+        site_times = times.get(p.site)
+        if site_times is None or p.limit_reason or (skip and p.key in skip):
+            continue  # a pilot pending at a job-count limit is no capacity on its way
+        # when SLURM ends the pilot: a pending pilot gets a full walltime when it starts
+        # (its runtime fit was checked per site), so it has no end yet; a pilot whose end
+        # is not known ends a walltime after its start. Within the shutdown margin of its
+        # end a pilot starts no jobs: no capacity. (Inline: this runs per pilot.)
+        if tier == pending:
+            end = INF
+        else:
+            known_end = p.walltime_end
+            if known_end is None:
+                start = p.started_at if p.started_at is not None else now
+                end = start + site_times[0]
+            else:
+                end = known_end
+            if end - site_times[1] <= now:
+                continue
         # the GPU share (`gpu_share`) as plain numbers; a `GpuShare` per group
-        if p.gpus > 0:
-            key = (p.site, tier, c, m, g, p.cpus // p.gpus, p.memory_mb // p.gpus)
+        gpus = p.gpus
+        if gpus > 0:
+            key = (p.site, tier, c, m, g, p.cpus // gpus, p.memory_mb // gpus)
         else:
             key = (p.site, tier, c, m, g, 0, 0)
         members = raw.get(key)
@@ -243,27 +245,29 @@ def fill_existing(rows: Iterable[Row], sites: dict[str, SiteRow], now: float,
     """Stage 2: each row's jobs into existing capacity, tier by tier (running pilots
     first, pending last), at its sites in the row's order."""
     tiers = range(len(_TIERS))
-    # per tier: the most cores and memory any site's index may still have free (upper
-    # bounds: fills only lower them; `fresh` says whether they are exact again): a row
-    # larger than that skips the tier
-    bounds = [_tier_bound(sites.values(), tier) for tier in tiers]
-    fresh = [True for _tier in tiers]
     # per tier: site name -> its index, looked up once, not per row
     indexes = [{name: s.existing[tier] for name, s in sites.items() if tier in s.existing}
                for tier in tiers]
+    # per tier: the most cores and memory any site's index may still have free (upper
+    # bounds: fills only lower them; `fresh` says whether they are exact again): a row
+    # larger than that skips the tier
+    bounds = [_tier_bound(at_tier.values()) for at_tier in indexes]
+    fresh = [True for _tier in tiers]
     for row in rows:
         deadline = now + (row.item.runtime_s or 0)
         c, m = row.item.cpus, row.item.memory_mb
         for tier in tiers:
             if c <= bounds[tier][0] and m <= bounds[tier][1] and not fresh[tier]:
-                bounds[tier], fresh[tier] = _tier_bound(sites.values(), tier), True
+                bounds[tier], fresh[tier] = _tier_bound(indexes[tier].values()), True
             if c > bounds[tier][0] or m > bounds[tier][1]:
                 continue  # no site's index can hold this job (cheap pre-check)
             at_tier = indexes[tier]
             for site_name in row.sites:
                 bins = at_tier.get(site_name)
-                if bins is None or not bins.may_fit(row.item):
-                    continue  # nothing there can hold this job (cheap pre-check)
+                # `bins.may_fit(row.item)`, inlined (this runs per row, tier and site):
+                # nothing there can hold this job (cheap pre-check)
+                if bins is None or not bins.keys or bins.max_cpus < c or bins.max_mem < m:
+                    continue
                 got = bins.fill(row.item, row.left, deadline, floor)
                 fresh[tier] = False
                 if row.reserve:
@@ -277,11 +281,15 @@ def fill_existing(rows: Iterable[Row], sites: dict[str, SiteRow], now: float,
                 break
 
 
-def _tier_bound(sites: Iterable[SiteRow], tier: int) -> tuple[int, int]:
-    """The most free cores and the most free memory of any site's index at `tier`."""
-    indexes = [s.existing[tier] for s in sites if tier in s.existing]
-    return (max((i.max_cpus for i in indexes), default=0),
-            max((i.max_mem for i in indexes), default=0))
+def _tier_bound(indexes: Iterable[CapacityIndex]) -> tuple[int, int]:
+    """The most free cores and the most free memory of any of the `indexes` (one tier's)."""
+    indexes = list(indexes)
+    return (max(map(_MAX_CPUS, indexes), default=0),
+            max(map(_MAX_MEM, indexes), default=0))
+
+
+_MAX_CPUS = attrgetter("max_cpus")
+_MAX_MEM = attrgetter("max_mem")
 
 
 def fill_new(rows: Iterable[Row], sites: dict[str, SiteRow], global_left: int,
