@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 
 from provisioner.config import Config, SiteConfig
 from provisioner.decide.matching import (
@@ -180,7 +180,8 @@ def add_capacity(sites: dict[str, SiteRow], snapshot: Snapshot, now: float,
     `skip` are no capacity."""
     skip = frozenset(skip)
     # (site, tier, free cpus, memory and GPUs, GPU share's cpus and memory) -> pilots
-    raw: dict[tuple[str, int, int, int, int, int, int], list[tuple[float, Pilot]]] = {}
+    # (its pilots' ends, the pilots): two lists, not a tuple per pilot
+    raw: dict[tuple[str, int, int, int, int, int, int], tuple[list[float], list[Pilot]]] = {}
     # per site: (walltime of a fresh pilot, shutdown margin), looked up once
     times = {name: (s.config.pilot.walltime_s, s.config.pilot.shutdown_margin_s)
              for name, s in sites.items()}
@@ -222,19 +223,18 @@ def add_capacity(sites: dict[str, SiteRow], snapshot: Snapshot, now: float,
             key = (p.site, tier, c, m, g, 0, 0)
         members = raw.get(key)
         if members is None:
-            raw[key] = [(end, p)]
+            raw[key] = ([end], [p])
         else:
-            members.append((end, p))
+            members[0].append(end)
+            members[1].append(p)
     by_index: dict[tuple[str, int], list[BinGroup]] = {}
-    for (site_name, tier, c, m, g, share_c, share_m), members in raw.items():
-        if len(members) == 1:  # a pilot alone in its group (common): nothing to sort
-            untils, pilots = [members[0][0]], [members[0][1]]
-        else:
+    for (site_name, tier, c, m, g, share_c, share_m), (untils, pilots) in raw.items():
+        if len(pilots) > 1:  # a pilot alone in its group (common): nothing to sort
             # latest end first; stable (also reversed): equal ends keep snapshot order
-            members.sort(key=itemgetter(0), reverse=True)
-            untils, pilots = [u for u, _p in members], [p for _u, p in members]
+            order = sorted(range(len(untils)), key=untils.__getitem__, reverse=True)
+            untils, pilots = [untils[i] for i in order], [pilots[i] for i in order]
         by_index.setdefault((site_name, tier), []).append(
-            BinGroup(c, m, g, untils[0], len(members), pilots, untils=untils,
+            BinGroup(c, m, g, untils[0], len(pilots), pilots, untils=untils,
                      share=GpuShare(share_c, share_m) if share_c or share_m else NO_SHARE))
     for site_name, tier in sorted(by_index):
         sites[site_name].existing[tier] = CapacityIndex(by_index[site_name, tier], registry)
@@ -305,10 +305,12 @@ def fill_new(rows: Iterable[Row], sites: dict[str, SiteRow], global_left: int,
         if row.left == 0:
             continue
         if not row.reserve:
+            cpus = row.left * row.item.cpus
             for name in row.sites:
-                sites[name].offered_jobs += row.left
-                sites[name].offered_cpus += row.left * row.item.cpus
-        if not any(_may_take(sites[name], row, budget.left) for name in row.sites):
+                s = sites[name]
+                s.offered_jobs += row.left
+                s.offered_cpus += cpus
+        if not _any_may_take(sites, row, budget.left):
             continue  # no site can open a pilot or has an open one that fits: no change
         for tier in ranked(row, costs, min_cpus, tie_share):
             if row.left == 0:
@@ -354,6 +356,23 @@ def _may_take(s: SiteRow, row: Row, global_left: int) -> bool:
     assert new is not None
     # `_pilots_left(s, global_left) > 0`, inlined: this runs per row and site
     return (global_left > 0 and new.allowed > new.opened) or new.may_fit(row.item)
+
+
+def _any_may_take(sites: dict[str, SiteRow], row: Row, global_left: int) -> bool:
+    """Whether `_may_take` holds at any of the row's sites, with it and `NewPilots.may_fit`
+    inlined: this runs per row and site in every cycle, and once the sites' room is spent
+    it is all that happens to most rows."""
+    item = row.item
+    gpu_job = item.gpus > 0
+    for name in row.sites:
+        new = sites[name].new
+        assert new is not None
+        if global_left > 0 and new.allowed > new.opened:
+            return True
+        index = new.open_gpu if gpu_job else new.open
+        if index.keys and index.max_cpus >= item.cpus and index.max_mem >= item.memory_mb:
+            return True
+    return False
 
 
 def _place(s: SiteRow, row: Row, n: int, budget: Budget) -> None:
