@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from provisioner.config import SiteConfig
 from provisioner.decide.packing import Item
@@ -176,13 +177,12 @@ def matched_sites(d: Demand, sites: Sequence[SiteConfig], item: Item) -> tuple[l
 def match_demand(demand: Iterable[Demand], sites: Sequence[SiteConfig]
                  ) -> tuple[list[Row], list[Unmatchable]]:
     """Stage 1: equal shapes merged, each matched to its sites; rows largest first."""
-    # (shape, sites, mismatch) -> (the first such row, the idle jobs of all)
-    merged: dict[tuple[JobShape, frozenset[str] | None, str], tuple[Demand, int]] = {}
+    # (shape, sites, mismatch) -> [the first such row, the idle jobs of all]; one look-up
+    # per row (a shape hashes in Python)
+    merged: dict[tuple[JobShape, frozenset[str] | None, str], list[Any]] = {}
     for d in demand:
         if d.idle > 0:
-            key = (d.shape, d.sites, d.mismatch)
-            first, idle = merged.get(key, (d, 0))
-            merged[key] = (first, idle + d.idle)
+            merged.setdefault((d.shape, d.sites, d.mismatch), [d, 0])[1] += d.idle
     rows: list[Row] = []
     unmatchable: list[Unmatchable] = []
     for d, idle in merged.values():
