@@ -82,6 +82,9 @@ _TIERS: tuple[PilotState, ...] = (
 )
 _WHOLE = _TIERS.index(PilotState.STARTING)  # from this tier on a pilot counts whole
 _PENDING = _TIERS.index(PilotState.PENDING)
+#: the states of pilots not yet in the pool (a module constant: reading an enum member
+#: off its class costs a descriptor call on Python 3.11, and this is read per pilot)
+_NOT_UP = (PilotState.PENDING, PilotState.STARTING)
 #: state -> tier (a `PilotState` hashes as its string value: a dict look-up is quick)
 _TIER_OF = {state: tier for tier, state in enumerate(_TIERS)}
 
@@ -152,7 +155,7 @@ def site_rows(snapshot: Snapshot, memory: CycleMemory, config: Config) -> dict[s
         row = rows.get(site)
         if row is not None:
             row.held += n
-    pending = _TIERS[_PENDING]  # the state, a local: read per pilot
+    pending = PilotState.PENDING  # read once (off its class it costs a descriptor call)
     for site, n in Counter([p.site for p in snapshot.pilots if p.state is pending]).items():
         row = rows.get(site)
         if row is not None:
@@ -480,7 +483,7 @@ def plan(snapshot: Snapshot, memory: CycleMemory, config: Config, now: float) ->
     reserve = sum(r.jobs for r in ghosts)
     spare = (not actions and not reserve and not any(r.left for r in rows)
              and not any(p.key in used for p in snapshot.pilots
-                         if p.state in (PilotState.PENDING, PilotState.STARTING)))
+                         if p.state in _NOT_UP))
     down, unneeded = pilot_actions(snapshot, memory, config, now, used, site_ok, bool(actions),
                                     spare)
     return Plan(
