@@ -244,8 +244,9 @@ def pilot_actions(
     for p in snapshot.pilots:
         if site_ok.get(p.site, False):
             by_site[p.site].append(p)
-    # the BUSY rules act only on a flagged or retiring pilot, or in a cycle that may
-    # retire: most pilots are busy, and the others are passed by without calling them
+    # The BUSY rules act only on a flagged or retiring pilot, or in a cycle that may
+    # retire (`retire_ok`). Most pilots are busy: a busy pilot none of them can act on is
+    # passed by without calling them (busy pilots count no warm pilots either).
     busy_quiet = not c.retire_ok
     marked = memory.flagged.keys() | memory.retiring
     for name, pilots in sorted(by_site.items()):
