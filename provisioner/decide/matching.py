@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from provisioner.config import SiteConfig
 from provisioner.decide.packing import Item
@@ -71,21 +72,45 @@ def site_rejects(shape: JobShape, site: SiteConfig, item: Item | None = None) ->
 
 #: What `fitting_sites` checks of each site: (name, cores, memory MB, GPUs, usable walltime).
 _Limits = tuple[str, int, int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class SiteLimits:
+    """What `fitting_sites` checks of a tuple of sites: each site's limits, in order, and
+    the smallest of each limit over all of them (a shape within those fits every site)."""
+
+    each: list[_Limits]
+    names: list[str]
+    cpus: int
+    memory_mb: int
+    gpus: int
+    usable_s: int
+
+
+def _limits_of(sites: Sequence[SiteConfig]) -> SiteLimits:
+    each = [(s.name, s.pilot.cpus, s.pilot.memory_mb, s.pilot.gpus, s.pilot.usable_s)
+            for s in sites]
+    if not each:
+        return SiteLimits(each, [], 0, 0, 0, 0)
+    return SiteLimits(each, [lim[0] for lim in each], min(lim[1] for lim in each),
+                      min(lim[2] for lim in each), min(lim[3] for lim in each),
+                      min(lim[4] for lim in each))
+
+
 #: The sites last asked about (a tuple: immutable, so the same object has the same
 #: content) and their limits: one cycle asks about the same sites for every shape.
-_last_limits: tuple[tuple[SiteConfig, ...], list[_Limits]] = ((), [])
+_last_limits: tuple[tuple[SiteConfig, ...], SiteLimits] = ((), _limits_of(()))
 
 
-def site_limits(sites: Sequence[SiteConfig]) -> list[_Limits]:
-    """What `fitting_sites` checks of each of `sites`, read from the configuration once per
+def site_limits(sites: Sequence[SiteConfig]) -> SiteLimits:
+    """What `fitting_sites` checks of `sites`, read from the configuration once per
     tuple of sites (reading a pydantic model's fields for every shape and site was a
     large part of a cycle)."""
     global _last_limits
     known, limits = _last_limits
     if sites is known:
         return limits
-    limits = [(s.name, s.pilot.cpus, s.pilot.memory_mb, s.pilot.gpus, s.pilot.usable_s)
-              for s in sites]
+    limits = _limits_of(sites)
     if isinstance(sites, tuple):
         _last_limits = (sites, limits)
     return limits
@@ -94,10 +119,15 @@ def site_limits(sites: Sequence[SiteConfig]) -> list[_Limits]:
 def fitting_sites(shape: JobShape, sites: Sequence[SiteConfig], item: Item) -> list[str]:
     """Names of the sites that can run `shape`, in the order of `sites`: those
     `site_rejects` has no reason against, by the same checks inlined (this runs per shape
-    and site in every cycle)."""
+    and site in every cycle). A shape without DesiredSites within every site's limits
+    fits them all, without a look at each."""
     desired, runtime = shape.desired_sites, shape.runtime_s
     c, m, g = item.cpus, item.memory_mb, item.gpus
-    return [name for name, cpus, memory, gpus, usable in site_limits(sites)
+    limits = site_limits(sites)
+    if (not desired and c <= limits.cpus and m <= limits.memory_mb and g <= limits.gpus
+            and (runtime is None or runtime <= limits.usable_s)):
+        return list(limits.names)
+    return [name for name, cpus, memory, gpus, usable in limits.each
             if c <= cpus and m <= memory and g <= gpus
             and (runtime is None or runtime <= usable)
             and (not desired or name in desired)]
@@ -147,13 +177,12 @@ def matched_sites(d: Demand, sites: Sequence[SiteConfig], item: Item) -> tuple[l
 def match_demand(demand: Iterable[Demand], sites: Sequence[SiteConfig]
                  ) -> tuple[list[Row], list[Unmatchable]]:
     """Stage 1: equal shapes merged, each matched to its sites; rows largest first."""
-    # (shape, sites, mismatch) -> (the first such row, the idle jobs of all)
-    merged: dict[tuple[JobShape, frozenset[str] | None, str], tuple[Demand, int]] = {}
+    # (shape, sites, mismatch) -> [the first such row, the idle jobs of all]; one look-up
+    # per row (a shape hashes in Python)
+    merged: dict[tuple[JobShape, frozenset[str] | None, str], list[Any]] = {}
     for d in demand:
         if d.idle > 0:
-            key = (d.shape, d.sites, d.mismatch)
-            first, idle = merged.get(key, (d, 0))
-            merged[key] = (first, idle + d.idle)
+            merged.setdefault((d.shape, d.sites, d.mismatch), [d, 0])[1] += d.idle
     rows: list[Row] = []
     unmatchable: list[Unmatchable] = []
     for d, idle in merged.values():

@@ -260,9 +260,12 @@ class CapacityIndex:
             self._insert(moved, max(1, floor.cpus), floor.memory_mb)
         if left > 0:
             # nothing as large as this item fits any more; keep only minimal failures
-            failure = Failure(c, m, gp, deadline)
-            self.failed = [f for f in self.failed if not failure.covers(*f)]
-            self.failed.append(failure)
+            # (`failure.covers(*f)`, inlined: a failure as large or larger, of the same kind)
+            cpu_only = gp == 0
+            self.failed = [f for f in self.failed
+                           if not (f[0] >= c and f[1] >= m and f[2] >= gp and f[3] >= deadline
+                                   and (f[2] == 0) == cpu_only)]
+            self.failed.append(Failure(c, m, gp, deadline))
             self._refresh_max_mem()
         return n - left
 
@@ -301,8 +304,9 @@ class CapacityIndex:
             if k <= 0:  # the cores or memory left are kept for GPU jobs
                 j += 1
                 continue
-            if n >= k * g.count:  # every bin takes k: the whole group moves
-                n -= k * g.count
+            taken = k * g.count
+            if n >= taken:  # every bin takes k: the whole group moves
+                n -= taken
                 # `g.add(item, k)`, inlined: this runs for most groups a job visits
                 cpus, mem = k * c, k * m
                 g.free_cpus -= cpus

@@ -21,6 +21,10 @@ from provisioner.config import Config, PlacementConfig
 from provisioner.decide.matching import Row
 from provisioner.model import CycleMemory, PilotState, SiteEstimate, Snapshot
 
+#: A module constant: on Python 3.11 reading an enum member off its class
+#: (`PilotState.PENDING`) costs a descriptor call, and these loops run once per pilot.
+_PENDING = PilotState.PENDING
+
 
 def estimate_of(site: str, estimates: Mapping[str, SiteEstimate],
                 placement: PlacementConfig) -> SiteEstimate:
@@ -44,7 +48,7 @@ def site_leads(snapshot: Snapshot, memory: CycleMemory, config: Config,
     placement = config.policy.placement
     youngest: dict[str, float] = {}
     for p in snapshot.pilots:
-        if p.state is PilotState.PENDING:
+        if p.state is _PENDING:
             age = max(0.0, now - p.submitted_at)
             youngest[p.site] = min(youngest.get(p.site, age), age)
     out = {}
@@ -75,13 +79,14 @@ def slow_pending(snapshot: Snapshot, memory: CycleMemory, config: Config, now: f
     placement = config.policy.placement
     estimates = {name: estimate_of(name, memory.estimates, placement) for name in known}
     out = {}
+    too_late = best + placement.hedge_margin_s
     for p in snapshot.pilots:
-        if p.state is not PilotState.PENDING or p.site not in known:
+        if p.state is not _PENDING or p.site not in known:
             continue
         est = estimates[p.site]
         age = max(0.0, now - p.submitted_at)
         ready = max(est.wait_s - age, age) + est.boot_s
-        if ready > best + placement.hedge_margin_s:
+        if ready > too_late:
             out[p.key] = p.site
     return out
 

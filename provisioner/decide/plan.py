@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 
 from provisioner.config import Config, SiteConfig
 from provisioner.decide.matching import (
@@ -82,6 +82,9 @@ _TIERS: tuple[PilotState, ...] = (
 )
 _WHOLE = _TIERS.index(PilotState.STARTING)  # from this tier on a pilot counts whole
 _PENDING = _TIERS.index(PilotState.PENDING)
+#: the states of pilots not yet in the pool (a module constant: reading an enum member
+#: off its class costs a descriptor call on Python 3.11, and this is read per pilot)
+_NOT_UP = (PilotState.PENDING, PilotState.STARTING)
 #: state -> tier (a `PilotState` hashes as its string value: a dict look-up is quick)
 _TIER_OF = {state: tier for tier, state in enumerate(_TIERS)}
 
@@ -139,36 +142,23 @@ class Budget:
         return got
 
 
-def _end(p: Pilot, walltime_s: int, margin_s: int, now: float) -> float | None:
-    """When SLURM ends pilot `p` (started or starting), or None if `p` takes no new work:
-    within the shutdown `margin_s` of its end, the pilot stops starting jobs (a pilot
-    whose end is not known ends `walltime_s` after its start). A pending pilot gets a
-    full walltime when it starts (its runtime fit was checked per site): it has no end
-    yet (INF)."""
-    end = p.walltime_end
-    if end is None:
-        start = p.started_at if p.started_at is not None else now
-        end = start + walltime_s
-    if end - margin_s <= now:
-        return None
-    return end
-
-
 def site_rows(snapshot: Snapshot, memory: CycleMemory, config: Config) -> dict[str, SiteRow]:
     """One `SiteRow` per configured site with its pilot counts, its room for new pilots
     (the tightest of its caps, its circuit breaker and its SLURM limits; none at a site
     not read this cycle) and an empty `NewPilots`."""
     known = {v.name: v.known for v in snapshot.sites}
     rows = {s.name: SiteRow(s, known.get(s.name, False)) for s in config.sites}
-    pilots = Counter(map(attrgetter("site", "state"), snapshot.pilots))  # counted in C
-    for (site, state), n in pilots.items():
+    # An ENDING pilot is no capacity, but its batch job still holds the allocation until
+    # it leaves SLURM: the cap counts it. (Counted in C; the pending ones apart: a
+    # (site, state) key per pilot cost more than a second pass.)
+    for site, n in Counter(map(_SITE, snapshot.pilots)).items():
         row = rows.get(site)
-        if row is None:
-            continue
-        # An ENDING pilot is no capacity, but its batch job still holds the
-        # allocation until it leaves SLURM: the cap counts it.
-        row.held += n
-        if state is PilotState.PENDING:
+        if row is not None:
+            row.held += n
+    pending = PilotState.PENDING  # read once (off its class it costs a descriptor call)
+    for site, n in Counter([p.site for p in snapshot.pilots if p.state is pending]).items():
+        row = rows.get(site)
+        if row is not None:
             row.pending += n
     for s in rows.values():
         caps = s.config.caps
@@ -195,44 +185,61 @@ def add_capacity(sites: dict[str, SiteRow], snapshot: Snapshot, now: float,
     `skip` are no capacity."""
     skip = frozenset(skip)
     # (site, tier, free cpus, memory and GPUs, GPU share's cpus and memory) -> pilots
-    raw: dict[tuple[str, int, int, int, int, int, int], list[tuple[float, Pilot]]] = {}
+    # (its pilots' ends, the pilots): two lists, not a tuple per pilot
+    raw: dict[tuple[str, int, int, int, int, int, int], tuple[list[float], list[Pilot]]] = {}
     # per site: (walltime of a fresh pilot, shutdown margin), looked up once
     times = {name: (s.config.pilot.walltime_s, s.config.pilot.shutdown_margin_s)
              for name, s in sites.items()}
+    tier_of, whole, pending = _TIER_OF, _WHOLE, _PENDING  # locals: this loop runs per pilot
     for p in snapshot.pilots:
-        tier = _TIER_OF.get(p.state)
-        site_times = times.get(p.site)
-        if tier is None or site_times is None or p.limit_reason or p.key in skip:
-            continue  # a pilot pending at a job-count limit is no capacity on its way
-        if tier >= _WHOLE:
-            c, m, g = p.cpus, p.memory_mb, p.gpus
-        elif p.free_cpus > 0:
-            c, m, g = p.free_cpus, p.free_memory_mb, p.free_gpus
-        else:
+        tier = tier_of.get(p.state)
+        if tier is None:
             continue
-        end = INF if tier == _PENDING else _end(p, site_times[0], site_times[1], now)
-        if end is None:
-            continue  # within the shutdown margin: not capacity any more
+        if tier >= whole:
+            c, m, g = p.cpus, p.memory_mb, p.gpus
+        else:
+            c = p.free_cpus
+            if c <= 0:
+                continue
+            m, g = p.free_memory_mb, p.free_gpus
+        site_times = times.get(p.site)
+        if site_times is None or p.limit_reason or (skip and p.key in skip):
+            continue  # a pilot pending at a job-count limit is no capacity on its way
+        # when SLURM ends the pilot: a pending pilot gets a full walltime when it starts
+        # (its runtime fit was checked per site), so it has no end yet; a pilot whose end
+        # is not known ends a walltime after its start. Within the shutdown margin of its
+        # end a pilot starts no jobs: no capacity. (Inline: this runs per pilot.)
+        if tier == pending:
+            end = INF
+        else:
+            known_end = p.walltime_end
+            if known_end is None:
+                start = p.started_at if p.started_at is not None else now
+                end = start + site_times[0]
+            else:
+                end = known_end
+            if end - site_times[1] <= now:
+                continue
         # the GPU share (`gpu_share`) as plain numbers; a `GpuShare` per group
-        if p.gpus > 0:
-            key = (p.site, tier, c, m, g, p.cpus // p.gpus, p.memory_mb // p.gpus)
+        gpus = p.gpus
+        if gpus > 0:
+            key = (p.site, tier, c, m, g, p.cpus // gpus, p.memory_mb // gpus)
         else:
             key = (p.site, tier, c, m, g, 0, 0)
         members = raw.get(key)
         if members is None:
-            raw[key] = [(end, p)]
+            raw[key] = ([end], [p])
         else:
-            members.append((end, p))
+            members[0].append(end)
+            members[1].append(p)
     by_index: dict[tuple[str, int], list[BinGroup]] = {}
-    for (site_name, tier, c, m, g, share_c, share_m), members in raw.items():
-        if len(members) == 1:  # a pilot alone in its group (common): nothing to sort
-            untils, pilots = [members[0][0]], [members[0][1]]
-        else:
+    for (site_name, tier, c, m, g, share_c, share_m), (untils, pilots) in raw.items():
+        if len(pilots) > 1:  # a pilot alone in its group (common): nothing to sort
             # latest end first; stable (also reversed): equal ends keep snapshot order
-            members.sort(key=itemgetter(0), reverse=True)
-            untils, pilots = [u for u, _p in members], [p for _u, p in members]
+            order = sorted(range(len(untils)), key=untils.__getitem__, reverse=True)
+            untils, pilots = [untils[i] for i in order], [pilots[i] for i in order]
         by_index.setdefault((site_name, tier), []).append(
-            BinGroup(c, m, g, untils[0], len(members), pilots, untils=untils,
+            BinGroup(c, m, g, untils[0], len(pilots), pilots, untils=untils,
                      share=GpuShare(share_c, share_m) if share_c or share_m else NO_SHARE))
     for site_name, tier in sorted(by_index):
         sites[site_name].existing[tier] = CapacityIndex(by_index[site_name, tier], registry)
@@ -243,27 +250,29 @@ def fill_existing(rows: Iterable[Row], sites: dict[str, SiteRow], now: float,
     """Stage 2: each row's jobs into existing capacity, tier by tier (running pilots
     first, pending last), at its sites in the row's order."""
     tiers = range(len(_TIERS))
-    # per tier: the most cores and memory any site's index may still have free (upper
-    # bounds: fills only lower them; `fresh` says whether they are exact again): a row
-    # larger than that skips the tier
-    bounds = [_tier_bound(sites.values(), tier) for tier in tiers]
-    fresh = [True for _tier in tiers]
     # per tier: site name -> its index, looked up once, not per row
     indexes = [{name: s.existing[tier] for name, s in sites.items() if tier in s.existing}
                for tier in tiers]
+    # per tier: the most cores and memory any site's index may still have free (upper
+    # bounds: fills only lower them; `fresh` says whether they are exact again): a row
+    # larger than that skips the tier
+    bounds = [_tier_bound(at_tier.values()) for at_tier in indexes]
+    fresh = [True for _tier in tiers]
     for row in rows:
         deadline = now + (row.item.runtime_s or 0)
         c, m = row.item.cpus, row.item.memory_mb
         for tier in tiers:
             if c <= bounds[tier][0] and m <= bounds[tier][1] and not fresh[tier]:
-                bounds[tier], fresh[tier] = _tier_bound(sites.values(), tier), True
+                bounds[tier], fresh[tier] = _tier_bound(indexes[tier].values()), True
             if c > bounds[tier][0] or m > bounds[tier][1]:
                 continue  # no site's index can hold this job (cheap pre-check)
             at_tier = indexes[tier]
             for site_name in row.sites:
                 bins = at_tier.get(site_name)
-                if bins is None or not bins.may_fit(row.item):
-                    continue  # nothing there can hold this job (cheap pre-check)
+                # `bins.may_fit(row.item)`, inlined (this runs per row, tier and site):
+                # nothing there can hold this job (cheap pre-check)
+                if bins is None or not bins.keys or bins.max_cpus < c or bins.max_mem < m:
+                    continue
                 got = bins.fill(row.item, row.left, deadline, floor)
                 fresh[tier] = False
                 if row.reserve:
@@ -277,11 +286,16 @@ def fill_existing(rows: Iterable[Row], sites: dict[str, SiteRow], now: float,
                 break
 
 
-def _tier_bound(sites: Iterable[SiteRow], tier: int) -> tuple[int, int]:
-    """The most free cores and the most free memory of any site's index at `tier`."""
-    indexes = [s.existing[tier] for s in sites if tier in s.existing]
-    return (max((i.max_cpus for i in indexes), default=0),
-            max((i.max_mem for i in indexes), default=0))
+def _tier_bound(indexes: Iterable[CapacityIndex]) -> tuple[int, int]:
+    """The most free cores and the most free memory of any of the `indexes` (one tier's)."""
+    indexes = list(indexes)
+    return (max(map(_MAX_CPUS, indexes), default=0),
+            max(map(_MAX_MEM, indexes), default=0))
+
+
+_SITE = attrgetter("site")
+_MAX_CPUS = attrgetter("max_cpus")
+_MAX_MEM = attrgetter("max_mem")
 
 
 def fill_new(rows: Iterable[Row], sites: dict[str, SiteRow], global_left: int,
@@ -297,10 +311,12 @@ def fill_new(rows: Iterable[Row], sites: dict[str, SiteRow], global_left: int,
         if row.left == 0:
             continue
         if not row.reserve:
+            cpus = row.left * row.item.cpus
             for name in row.sites:
-                sites[name].offered_jobs += row.left
-                sites[name].offered_cpus += row.left * row.item.cpus
-        if not any(_may_take(sites[name], row, budget.left) for name in row.sites):
+                s = sites[name]
+                s.offered_jobs += row.left
+                s.offered_cpus += cpus
+        if not _any_may_take(sites, row, budget.left):
             continue  # no site can open a pilot or has an open one that fits: no change
         for tier in ranked(row, costs, min_cpus, tie_share):
             if row.left == 0:
@@ -346,6 +362,23 @@ def _may_take(s: SiteRow, row: Row, global_left: int) -> bool:
     assert new is not None
     # `_pilots_left(s, global_left) > 0`, inlined: this runs per row and site
     return (global_left > 0 and new.allowed > new.opened) or new.may_fit(row.item)
+
+
+def _any_may_take(sites: dict[str, SiteRow], row: Row, global_left: int) -> bool:
+    """Whether `_may_take` holds at any of the row's sites, with it and `NewPilots.may_fit`
+    inlined: this runs per row and site in every cycle, and once the sites' room is spent
+    it is all that happens to most rows."""
+    item = row.item
+    gpu_job = item.gpus > 0
+    for name in row.sites:
+        new = sites[name].new
+        assert new is not None
+        if global_left > 0 and new.allowed > new.opened:
+            return True
+        index = new.open_gpu if gpu_job else new.open
+        if index.keys and index.max_cpus >= item.cpus and index.max_mem >= item.memory_mb:
+            return True
+    return False
 
 
 def _place(s: SiteRow, row: Row, n: int, budget: Budget) -> None:
@@ -450,7 +483,7 @@ def plan(snapshot: Snapshot, memory: CycleMemory, config: Config, now: float) ->
     reserve = sum(r.jobs for r in ghosts)
     spare = (not actions and not reserve and not any(r.left for r in rows)
              and not any(p.key in used for p in snapshot.pilots
-                         if p.state in (PilotState.PENDING, PilotState.STARTING)))
+                         if p.state in _NOT_UP))
     down, unneeded = pilot_actions(snapshot, memory, config, now, used, site_ok, bool(actions),
                                     spare)
     return Plan(

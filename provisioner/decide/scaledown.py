@@ -33,6 +33,8 @@ from provisioner.model import (
 
 # a tuple, not a set: membership by identity (an enum member hashes in Python)
 _WARM = (PilotState.IDLE, PilotState.STARTING, PilotState.PENDING)
+#: a module constant: reading an enum member off its class costs a descriptor call (3.11)
+_BUSY = PilotState.BUSY
 
 
 @dataclass
@@ -242,12 +244,20 @@ def pilot_actions(
     for p in snapshot.pilots:
         if site_ok.get(p.site, False):
             by_site[p.site].append(p)
+    # The BUSY rules act only on a flagged or retiring pilot, or in a cycle that may
+    # retire (`retire_ok`). Most pilots are busy: a busy pilot none of them can act on is
+    # passed by without calling them (busy pilots count no warm pilots either).
+    busy_quiet = not c.retire_ok
+    marked = memory.flagged.keys() | memory.retiring
     for name, pilots in sorted(by_site.items()):
         s = _Site(name, config.site(name))
         for p in pilots:
-            if p.state in _WARM and p.key not in used:
+            state = p.state
+            if state is _BUSY and busy_quiet and p.key not in marked:
+                continue
+            if state in _WARM and p.key not in used:
                 s.warm += 1
-            for rule in _PILOT_RULES[p.state]:
+            for rule in _PILOT_RULES[state]:
                 rule(c, s, p)
         for site_rule in _SITE_RULES:
             site_rule(c, s)
