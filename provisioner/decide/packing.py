@@ -260,12 +260,9 @@ class CapacityIndex:
             self._insert(moved, max(1, floor.cpus), floor.memory_mb)
         if left > 0:
             # nothing as large as this item fits any more; keep only minimal failures
-            # (`failure.covers(*f)`, inlined: a failure as large or larger, of the same kind)
-            cpu_only = gp == 0
-            self.failed = [f for f in self.failed
-                           if not (f[0] >= c and f[1] >= m and f[2] >= gp and f[3] >= deadline
-                                   and (f[2] == 0) == cpu_only)]
-            self.failed.append(Failure(c, m, gp, deadline))
+            failure = Failure(c, m, gp, deadline)
+            self.failed = [f for f in self.failed if not failure.covers(*f)]
+            self.failed.append(failure)
             self._refresh_max_mem()
         return n - left
 

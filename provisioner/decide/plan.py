@@ -365,20 +365,9 @@ def _may_take(s: SiteRow, row: Row, global_left: int) -> bool:
 
 
 def _any_may_take(sites: dict[str, SiteRow], row: Row, global_left: int) -> bool:
-    """Whether `_may_take` holds at any of the row's sites, with it and `NewPilots.may_fit`
-    inlined: this runs per row and site in every cycle, and once the sites' room is spent
-    it is all that happens to most rows."""
-    item = row.item
-    gpu_job = item.gpus > 0
-    for name in row.sites:
-        new = sites[name].new
-        assert new is not None
-        if global_left > 0 and new.allowed > new.opened:
-            return True
-        index = new.open_gpu if gpu_job else new.open
-        if index.keys and index.max_cpus >= item.cpus and index.max_mem >= item.memory_mb:
-            return True
-    return False
+    """Whether `_may_take` holds at any of the row's sites (once the sites' room is spent
+    it is all that happens to most rows)."""
+    return any(_may_take(sites[name], row, global_left) for name in row.sites)
 
 
 def _place(s: SiteRow, row: Row, n: int, budget: Budget) -> None:
