@@ -30,6 +30,7 @@ from typing import Any
 import htcondor2 as htcondor
 
 from provisioner.config import load_config
+from provisioner.pool.condor import read_queue
 from provisioner.service.loop import Provisioner
 
 CONFIG = "/src/deploy/testbed/provisioner.yaml"
@@ -194,7 +195,10 @@ def parts(prov: Provisioner, repeats: int = 3) -> dict[str, float]:
             times.append(time.monotonic() - t0)
         return statistics.median(times)
 
-    out = {"schedd queue read (all schedds, grouped by shape)": timed(prov.pool.queue),
+    group_by = htcondor.QueryOpt.GroupBy
+    out = {"schedd queue read in full (the first, then every 5 min or when most moved)":
+           timed(lambda: read_queue(htcondor.Schedd(), group_by)),
+           "schedd queue read, settled idle jobs kept (the usual cycle)": timed(prov.pool.queue),
            "collector: the pilots' startd ads": timed(prov.pool.pilot_ads)}
     for site, backend in prov.backends.items():
         out[f"squeue at {site} over SSH, parsed"] = timed(backend.list_pilots)

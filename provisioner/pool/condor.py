@@ -2,8 +2,9 @@
 
 Everything goes through the HTCondor Python bindings (module `htcondor2`), as
 the provisioner's own identity (its IDTOKEN; no other method). Reads are
-batched: one query per schedd (the queue grouped by shape on the schedd's side) and
-one collector query per cycle. A read that fails raises `PoolUnreachable`: the caller
+batched: a few queries per schedd (the queue grouped by shape on the schedd's side,
+the idle jobs that did not move kept from the last read: `provisioner.pool.settled`)
+and one collector query per cycle. A read that fails raises `PoolUnreachable`: the caller
 must treat the pool as unknown, never as empty; a schedd that fails while others
 answer is named in `QueueView.unknown`.
 """
@@ -29,6 +30,7 @@ from provisioner.decide.failed_starts import (
 )
 from provisioner.model import Demand, JobShape
 from provisioner.pool.schedds import QueueView, merge_views, negotiation_targets, roster
+from provisioner.pool.settled import SettledReads
 from provisioner.service.accounting import JobRun
 
 log = logging.getLogger(__name__)
@@ -276,20 +278,35 @@ def queue_view(ads: Iterable[Any], since: float | None = None, now: float | None
 
 
 def read_queue(schedd: Any, group_by: Any, since: float | None = None,
-               now: float | None = None) -> QueueView:
+               now: float | None = None, settled: SettledReads | None = None,
+               name: str = "", summary: Any = None) -> QueueView:
     """One schedd's queue as `queue_view` folds it, read in groups of jobs alike: the
     schedd's GroupBy query (`group_by`, the bindings' QueryOpt.GroupBy) returns one ad
     per distinct combination of GROUP_ATTRS, with its JobCount, so a queue of 20,000
     jobs in a few hundred shapes comes back as a few hundred ads. The grouping is the
     schedd's autocluster signature: attribute texts, and the job attributes their
     expressions name come with them (a RequestMemory that reads MemoryUsage is
-    evaluated as in the job). The groups of idle jobs whose last try ended with a
+    evaluated as in the job). With `settled` (the memory of earlier reads, kept under
+    the schedd's `name`), idle jobs that have not moved since are not grouped again
+    (`provisioner.pool.settled`; `summary`, the bindings' QueryOpt.SummaryOnly, asks
+    the schedd's clock). The groups of idle jobs whose last try ended with a
     starter error are read again one job at a time (`failure_of` needs each job's
     dates); a job that changed between the two queries is read as it was in the first,
     or, if it left the failed state, not at all this cycle. A schedd that ignores the
     grouping returns plain job ads, each counted once."""
-    groups = [ad for ad in schedd.query(constraint=QUEUE_CONSTRAINT,
-                                        projection=GROUP_ATTRS, opts=group_by)]
+    if settled is None:
+        groups = list(schedd.query(constraint=QUEUE_CONSTRAINT, projection=GROUP_ATTRS,
+                                   opts=group_by))
+    else:
+        def server_time() -> int | None:
+            if summary is None:
+                return None
+            told = [_int(ad, "ServerTime") for ad in schedd.query(opts=summary)]
+            return told[0] if told and told[0] > 0 else None
+
+        groups = settled.read(name, lambda c, p: list(schedd.query(
+            constraint=c, projection=p, opts=group_by)), time.time() if now is None else now,
+            server_time)
     ads = [ad for ad in groups if not (_int(ad, "JobStatus") == 1
                                        and _int(ad, "VacateReasonCode") == STARTER_ERROR)]
     if len(ads) < len(groups):
@@ -368,6 +385,8 @@ class Pool:
         self.seen: dict[str, float] = {}  # schedd name -> last listed (the roster's memory)
         #: idle jobs per schedd at the last read (None: not read yet)
         self.idle_by_schedd: dict[str, int] | None = None
+        #: each schedd's settled idle jobs, kept between queue reads
+        self.settled = SettledReads(GROUP_ATTRS, QUEUE_CONSTRAINT)
 
     def _collector(self) -> Any:
         return self.htcondor.Collector(self.cfg.collector)
@@ -388,16 +407,16 @@ class Pool:
             raise PoolUnreachable("the collector lists no schedd")
         return {n: self.htcondor.Schedd(by_name[n]) for n in r.read}, r.unknown
 
-    def _each(self, what: str, call: Callable[[Any], Any]
+    def _each(self, what: str, call: Callable[[str, Any], Any]
               ) -> tuple[dict[str, Any], tuple[tuple[str, str], ...]]:
-        """`call(schedd)` on every schedd: (name -> result, unknown). PoolUnreachable
+        """`call(name, schedd)` on every schedd: (name -> result, unknown). PoolUnreachable
         when none could be read."""
         schedds, unknown = self._schedds()
         out: dict[str, Any] = {}
         failed = list(unknown)
         for name, schedd in schedds.items():
             try:
-                out[name] = call(schedd)
+                out[name] = call(name, schedd)
             except Exception as exc:  # the bindings raise HTCondorException and friends
                 failed.append((name, f"{what} failed: {exc}"))
         if not out:
@@ -407,16 +426,16 @@ class Pool:
 
     def queue(self, arrivals_since: float | None = None) -> QueueView:
         """Idle jobs grouped by shape, the startds running jobs and the recent
-        arrivals: one query per schedd, merged; schedds not read are named in
+        arrivals: each schedd read in groups (`read_queue`), merged; schedds not read are named in
         `QueueView.unknown`.
 
         The schedd knows a pilot is busy the moment a job starts; the pilot's
         own ad in the collector may lag by an update interval.
         """
         now = time.time()
-        group_by = self.htcondor.QueryOpt.GroupBy
-        views, unknown = self._each("queue query", lambda s: read_queue(
-            s, group_by, arrivals_since, now))
+        opts = self.htcondor.QueryOpt
+        views, unknown = self._each("queue query", lambda n, s: read_queue(
+            s, opts.GroupBy, arrivals_since, now, self.settled, n, opts.SummaryOnly))
         merged = merge_views(views, unknown)
         self.idle_by_schedd = dict(merged.idle_by_schedd)
         return merged
@@ -426,7 +445,7 @@ class Pool:
         that cannot be read (restarting, not yet back in the collector) counts what it
         had at its last read: read as none, the probe would see the queue empty and a
         cycle would run for nothing, before the jobs submitted meanwhile can be seen."""
-        counts, unknown = self._each("summary query", lambda s: sum(
+        counts, unknown = self._each("summary query", lambda _n, s: sum(
             _int(ad, "AllusersIdle", _int(ad, "Idle"))
             for ad in s.query(opts=self.htcondor.QueryOpt.SummaryOnly)))
         for name, _why in unknown:
@@ -464,7 +483,7 @@ class Pool:
         lost for the accounting). One history query per schedd; PoolUnreachable if any
         schedd on the roster cannot be read (the accounting waits for all, so no run
         is skipped)."""
-        runs, unknown = self._each("history query", lambda s: [
+        runs, unknown = self._each("history query", lambda _n, s: [
             job_run_of(ad) for ad in s.history(constraint=history_constraint(after),
                                                projection=HISTORY_ATTRS, match=match)])
         if unknown:

@@ -32,6 +32,7 @@ from provisioner.pool.condor import (
     read_queue,
 )
 from provisioner.pool.schedds import QueueView
+from provisioner.pool.settled import SettledReads
 
 #: Short for a test; the testbed's pilots end themselves unclaimed after 600 s.
 STUCK_AFTER_S = 40
@@ -174,5 +175,54 @@ def test_the_queue_read_in_groups_says_what_each_job_says() -> None:
                         for d in grouped.demand)
         assert images[-2:] == ['"/opt/images/a.sif"', '"/opt/images/b.sif"'], images
         assert grouped.total == 14 and grouped.older == 0
+    finally:
+        clean_pool()
+
+
+def test_settled_jobs_kept_between_reads_say_what_a_full_read_says() -> None:
+    """The idle jobs that have not changed status since a cut are grouped once and then
+    only counted (`provisioner.pool.settled`), on the real schedd: its clock stamps
+    EnteredCurrentStatus, it tests its group ads against the constraints. After a hold,
+    a release, a removal and a new submission, the kept read equals a full read, and
+    only the cluster that lost a job is grouped again."""
+    clean_pool()
+    try:
+        a = submit("settled-a", 4, 5, extra="request_cpus = 2\n")
+        b = submit("settled-b", 3, 5)
+        z = submit("settled-z", 10, 5, extra="request_cpus = 4\n")
+        schedd, opts = htcondor.Schedd(), htcondor.QueryOpt
+        group_by = opts.GroupBy
+        memory = SettledReads(GROUP_ATTRS, QUEUE_CONSTRAINT)
+
+        def both() -> tuple[object, object]:
+            now = time.time()
+            kept = read_queue(schedd, group_by, now - 3600, now, memory, "cm",
+                              opts.SummaryOnly)
+            full = read_queue(schedd, group_by, now - 3600, now)
+            return _summary(kept), _summary(full)
+
+        # the cut is a second before the schedd's clock at the first read (1 s steps)
+        submitted = max(int(j["QDate"]) for j in schedd.query(
+            constraint=QUEUE_CONSTRAINT, projection=["QDate"]))
+        wait_for("a second after the submissions", lambda: int(time.time()) > submitted + 1,
+                 5, step=0.1)
+        first, full = both()
+        assert first == full and memory.last["cm"].how == "full"
+        settled = memory.memory["cm"].counts
+        assert settled == {int(a): 4, int(b): 3, int(z): 10}, settled
+        kept, full = both()
+        assert kept == full and memory.last["cm"].how == "kept"
+        assert memory.last["cm"].reread == 0
+        run(["condor_hold", f"{b}.1"], user="alice")
+        run(["condor_rm", f"{a}.0"], user="alice")
+        c = submit("settled-c", 2, 5, extra="request_cpus = 3\n")
+        kept, full = both()
+        assert kept == full and memory.last["cm"].reread == 2, memory.last
+        run(["condor_release", f"{b}.1"], user="alice")
+        kept, full = both()
+        assert kept == full and memory.last["cm"].reread == 0
+        view = read_queue(schedd, group_by, None, time.time(), memory, "cm")
+        demand = sorted((d.shape.cpus, d.idle) for d in view.demand)
+        assert demand == [(1, 3), (2, 3), (3, 2), (4, 10)], (demand, c)
     finally:
         clean_pool()

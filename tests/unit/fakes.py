@@ -4,13 +4,26 @@ daemons behave so (that is the testbed's job)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+import classad2
 
 from provisioner.model import Demand
 from provisioner.pilot.endrecord import EndRecord
 from provisioner.pool.condor import PilotAd, PoolUnreachable, QueueView
 from provisioner.service.accounting import JobRun
 from provisioner.sites.base import SiteJob
+
+
+def matches(constraint: str, attrs: Mapping[str, object]) -> bool:
+    """`constraint` as the schedd tests it, on an ad of literal attribute values."""
+    if not constraint:
+        return True
+    ad = classad2.ClassAd()
+    for key, value in attrs.items():
+        ad[key] = value
+    return classad2.ExprTree(constraint).eval(ad) is True
 
 
 @dataclass

@@ -89,15 +89,19 @@ def test_undefined_or_error_is_no_number() -> None:
 
 
 # -- the queue read in groups (the schedd's GroupBy query) ----------------------------
-def grouped(jobs: list[classad2.ClassAd]) -> list[classad2.ClassAd]:
+def grouped(jobs: list[classad2.ClassAd], attrs: list[str] = GROUP_ATTRS,
+            constraint: str = "") -> list[classad2.ClassAd]:
     """What the schedd's GroupBy query returns for `jobs`: one ad per distinct text of
-    GROUP_ATTRS and of the job attributes their expressions name (here MemoryUsage and
-    those of MATCH_JOB_ATTRS a Requirements reads), with its JobCount."""
+    `attrs` and of the job attributes their expressions name (here MemoryUsage, read by
+    a RequestMemory, and those of MATCH_JOB_ATTRS a Requirements reads), with its
+    JobCount; like the schedd, it returns only the group ads `constraint` accepts."""
     keyed: dict[tuple[str, ...], list[classad2.ClassAd]] = {}
 
     def names(job: classad2.ClassAd) -> list[str]:
-        text = str(job.lookup("Requirements")) if "Requirements" in job else ""
-        return [*GROUP_ATTRS, "MemoryUsage", *(a for a in MATCH_JOB_ATTRS if a in text)]
+        text = str(job.lookup("Requirements")) if "Requirements" in job and \
+            "Requirements" in attrs else ""
+        memory = ["MemoryUsage"] if "RequestMemory" in attrs else []
+        return [*attrs, *memory, *(a for a in MATCH_JOB_ATTRS if a in text)]
 
     for job in jobs:
         key = tuple(f"{a}={job.lookup(a)}" if a in job else a for a in names(job))
@@ -110,7 +114,7 @@ def grouped(jobs: list[classad2.ClassAd]) -> list[classad2.ClassAd]:
                 group[name] = members[0].lookup(name)
         group["JobCount"] = len(members)
         out.append(group)
-    return out
+    return [g for g in out if not constraint or classad2.ExprTree(constraint).eval(g) is True]
 
 
 REQUEST_MEMORY = "ifThenElse(MemoryUsage =!= undefined, MemoryUsage * 2, 500)"
@@ -151,19 +155,22 @@ def test_groups_fold_as_the_jobs_they_stand_for(jobs: list[classad2.ClassAd],
 
 
 class GroupingSchedd:
-    """A schedd that groups as the real one does, and answers the per-job query."""
+    """A schedd that tests its constraints and groups as the real one does."""
 
     def __init__(self, jobs: list[classad2.ClassAd], group: bool = True) -> None:
         self.jobs, self.group = jobs, group
         self.queries: list[tuple[str, bool]] = []
+        self.clock = 0  # its summary ad's ServerTime (0: it tells none)
 
-    def query(self, constraint: str, projection: list[str], opts: object = None
-              ) -> list[classad2.ClassAd]:
+    def query(self, constraint: str = "", projection: list[str] | None = None,
+              opts: object = None) -> list[classad2.ClassAd]:
+        if opts == "summary":
+            return [ad(MyType="Summary", ServerTime=self.clock)] if self.clock else []
         self.queries.append((constraint, opts == "groupby"))
-        if constraint == FAILED_IDLE:
-            return [j for j in self.jobs if j.get("JobStatus") == 1
-                    and j.get("VacateReasonCode") == 1007]
-        return grouped(self.jobs) if opts == "groupby" and self.group else list(self.jobs)
+        test = classad2.ExprTree(constraint)
+        jobs = [j for j in self.jobs if test.eval(j) is True]
+        return grouped(jobs, projection or [], constraint) if opts == "groupby" and self.group \
+            else jobs
 
 
 def failed_job(start: int) -> classad2.ClassAd:

@@ -31,7 +31,7 @@ from provisioner.service.cycle_text import summary_line
 from provisioner.service.journal import Journal
 from provisioner.service.loop import Provisioner
 
-from .fakes import Clock, FakeBackend, FakePool
+from .fakes import Clock, FakeBackend, FakePool, matches
 from .helpers import NOW, config, memory, pilot, snap
 from .test_boundaries import Ad
 from .test_service_act import idle_ad, make_world, release_of, running_job
@@ -115,7 +115,7 @@ class FakeSchedd:
         self._check()
         if opts == "summary":
             return [Ad(AllusersIdle=sum(1 for j in self.jobs if j["JobStatus"] == 1))]
-        return list(self.jobs)
+        return [j for j in self.jobs if matches(constraint, j)]
 
     def history(self, constraint: str, projection: Any, match: int) -> list[Ad]:
         self._check()
