@@ -375,8 +375,6 @@ class Provisioner:
         now = self.clock() if now is None else now
         decided = decide(self.controller, self, now, commit=not dry_run)
         obs, result = decided.seen, decided.plan
-        for change in self.controller.transitions if not dry_run else ():
-            log.warning("%s", change)
         cycle = CycleResult(reason, obs, result, memory=decided.memory)
         t2 = time.monotonic()
         if not dry_run:
@@ -384,10 +382,14 @@ class Provisioner:
         t3 = time.monotonic()
         cycle.timings = {**decided.timings, "act": t3 - t2}
         line = summary_line(cycle)
-        log.info("cycle %d (%s): %s", self.cycles, reason, line)
         if not dry_run:
             with self.journal.batch():
                 self._record(cycle, result, line, now, reason)
+        # Logged once the journal holds the cycle: `provisioner status` (which reads the
+        # journal) agrees with a log line from the moment it is written.
+        for change in self.controller.transitions if not dry_run else ():
+            log.warning("%s", change)
+        log.info("cycle %d (%s): %s", self.cycles, reason, line)
         return cycle
 
     def _record(self, cycle: CycleResult, result: Plan, line: str, now: float,

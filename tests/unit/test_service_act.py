@@ -394,3 +394,32 @@ def test_a_site_whose_read_fails_is_unknown_and_the_others_are_read(
     views = {v.name: v for v in prov.observe().snapshot.sites}
     assert views["gsi"].known and not views["fra"].known
     assert "ssh to fra-login failed" in views["fra"].error
+
+
+def test_a_cycle_is_logged_once_the_journal_holds_it(world) -> None:  # type: ignore[no-untyped-def]
+    """`provisioner status` reads the journal: a cycle's lines (its transitions, its
+    summary) are written only after its commit, so the status agrees with the log from
+    the moment a line is there."""
+    import logging
+
+    prov, pool, _, _ = world
+    pool.demand = (Demand(JobShape(cpus=1, memory_mb=500), 3),)
+    seen: list[tuple[str, object]] = []
+
+    class Check(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("cycle "):
+                seen.append((record.getMessage(), prov.journal.get("last_cycle")))
+
+    handler = Check()
+    logger = logging.getLogger("provisioner.service.loop")
+    logger.addHandler(handler)
+    old_level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        prov.run_cycle("test")
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+    [(line, last)] = seen
+    assert isinstance(last, dict) and last["summary"] and last["summary"] in line, (line, last)
