@@ -53,6 +53,17 @@ WORKERS = {site: [h for h, (_, s, role) in HOSTS.items() if s == site and
                   role.startswith("worker")] for site in SITES}
 
 
+def drop_output(host: str, rules: str | None, table: str = "testfault") -> None:
+    """A nftables table of its own in testbed host `host`'s network namespace whose
+    output chain applies `rules` (e.g. "ip daddr 10.10.0.10 drop"); None removes it."""
+    text = f"table inet {table}\ndelete table inet {table}\n"
+    if rules is not None:
+        text += (f"table inet {table} {{\n chain output {{\n  type filter hook output "
+                 f"priority 0; policy accept;\n  {rules}\n }}\n}}\n")
+    subprocess.run(["ip", "netns", "exec", host, "nft", "-f", "-"], input=text, text=True,
+                   check=True)
+
+
 def pilot_processes(host: str) -> Iterator[int]:
     """Pids of the pilot account's processes on `host` (found by its network
     namespace): wrappers, containers, startds, starters and payloads."""

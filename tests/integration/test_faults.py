@@ -24,9 +24,11 @@ import htcondor2 as htcondor
 import pytest
 import yaml
 from conftest import (
+    HOSTS,
     LOGIN,
     SITES,
     WORKERS,
+    drop_output,
     kill_pilot_processes,
     pilot_processes,
     run,
@@ -349,13 +351,23 @@ def _link(host: str, up: bool) -> None:
          "up" if up else "down"])
 
 
+def _login_unreachable(site: str, cut: bool) -> None:
+    """Drop (or stop dropping) what the submit host, where the service runs, sends to
+    the site's login node: its SSH fails as in a broken route. The login node also runs
+    the site's slurmctld, which its compute nodes must still reach: cutting its whole
+    link would make SLURM declare them down after SlurmdTimeout and kill the pilots,
+    another fault, whose outcome races the test's own timing."""
+    address = HOSTS[LOGIN[site]][0]
+    drop_output("cm", f"ip daddr {address} drop" if cut else None, "logincut")
+
+
 def test_login_node_unreachable_then_back(service: Service) -> None:
     first = submit_gated("login-first", 6)  # more than gsi (cap 1 pilot of 4 cores) takes
     with SiteWatch() as watch:
         service.start()
         wait_for("a busy pilot at frankfurt",
                  lambda: "busy" in "".join(service.cycles()[-1:]).split("frankfurt:")[-1], 120)
-        _link(LOGIN["frankfurt"], up=False)
+        _login_unreachable("frankfurt", cut=True)
         try:
             second = submit_gated("login-second", 4)
             wait_for("two cycles with frankfurt unknown",
@@ -370,7 +382,7 @@ def test_login_node_unreachable_then_back(service: Service) -> None:
                 assert "at frankfurt" not in actions and "frankfurt/" not in actions, line
                 assert "gsi: UNKNOWN" not in line, line
         finally:
-            _link(LOGIN["frankfurt"], up=True)
+            _login_unreachable("frankfurt", cut=False)
         wait_for("all jobs done", lambda: gated_jobs_left(first) + jobs_left(second) == 0,
                  300, step=2)
         assert_converged(service, watch)

@@ -15,7 +15,7 @@ import htcondor2 as htcondor
 import pytest
 import unitsandbox
 import yaml
-from conftest import LOGIN, SITES, WORKERS, run, slurm
+from conftest import LOGIN, SITES, WORKERS, drop_output, run, slurm
 from servicectl import SERVICE_USER
 from test_loop import clean_pool, jobs_left, submit, wait_for
 
@@ -154,16 +154,6 @@ def test_from_nothing_to_a_job_with_init_discover_check_run(wheel: Path, config:
         clean_pool()
 
 
-def _nft(host: str, rules: str | None) -> None:
-    """A table of its own in `host`'s namespace dropping output to cm (None: remove)."""
-    text = ("table inet onboardtest\ndelete table inet onboardtest\n" if rules is None else
-            "table inet onboardtest\ndelete table inet onboardtest\n"
-            "table inet onboardtest {\n chain output {\n  type filter hook output priority 0;"
-            f" policy accept;\n  {rules}\n }}\n}}\n")
-    subprocess.run(["ip", "netns", "exec", host, "nft", "-f", "-"], input=text, text=True,
-                   check=True)
-
-
 def _other_key(wheel: Path) -> Callable[[dict], None]:
     key = wheel / "etc/ssh/other_ed25519"
     key.unlink(missing_ok=True)
@@ -219,7 +209,7 @@ def test_site_check_names_each_fault(wheel: Path, config: Path, fault: str) -> N
                             "AllowAccounts=hpc-physics"])
     if blocked:
         for host in WORKERS["frankfurt"]:
-            _nft(host, f"ip daddr {CM} drop")
+            drop_output(host, f"ip daddr {CM} drop", "onboardtest")
     blockers = [slurm("frankfurt", ["sbatch", "--parsable", f"--nodelist={node}",
                                     "--exclusive", "--account=hpc-physics", "--time=10",
                                     "--output=/dev/null", "--wrap", "sleep 600"],
@@ -235,7 +225,7 @@ def test_site_check_names_each_fault(wheel: Path, config: Path, fault: str) -> N
             slurm("frankfurt", ["scancel", *blockers])
         if blocked:
             for host in WORKERS["frankfurt"]:
-                _nft(host, None)
+                drop_output(host, None, "onboardtest")
     print(out.stdout, out.stderr)
     assert out.returncode == 1, out.stdout + out.stderr
     failing = [line for line in out.stdout.splitlines() if line.lstrip().startswith(row)]
