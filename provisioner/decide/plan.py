@@ -309,15 +309,20 @@ def fill_new(rows: Iterable[Row], sites: dict[str, SiteRow], global_left: int,
     and `global_left` new pilots over all sites; returns what is left of `global_left`."""
     budget = Budget(global_left)
     min_cpus = {name: s.config.pilot.min_cpus for name, s in sites.items()}
+    # real jobs offered per list of sites (many rows share one): added to the sites at the end
+    offered: dict[tuple[str, ...], list[int]] = {}
+    # once no site can open a pilot, only the pilots opened so far take jobs, and their room
+    # only shrinks: `room` bounds it (None: pilots may still be opened)
+    room = _open_room(sites) if _all_closed(sites, budget.left) else None
     for row in rows:
         if row.left == 0:
             continue
         if not row.reserve:
-            cpus = row.left * row.item.cpus
-            for name in row.sites:
-                s = sites[name]
-                s.offered_jobs += row.left
-                s.offered_cpus += cpus
+            jobs_cpus = offered.setdefault(tuple(row.sites), [0, 0])
+            jobs_cpus[0] += row.left
+            jobs_cpus[1] += row.left * row.item.cpus
+        if room is not None and room.excludes(row.item):
+            continue  # no pilot opened anywhere has the room for one job (cheap pre-check)
         if not _any_may_take(sites, row, budget.left):
             continue  # no site can open a pilot or has an open one that fits: no change
         for tier in ranked(row, costs, min_cpus, tie_share):
@@ -340,7 +345,45 @@ def fill_new(rows: Iterable[Row], sites: dict[str, SiteRow], global_left: int,
                 _place(sites[name], row, n, budget)
             for name in tier:
                 _place(sites[name], row, row.left, budget)
+        if _all_closed(sites, budget.left):
+            room = _open_room(sites)
+    for names, (jobs, cpus) in offered.items():
+        for name in names:
+            sites[name].offered_jobs += jobs
+            sites[name].offered_cpus += cpus
     return budget.left
+
+
+@dataclass(frozen=True, slots=True)
+class _OpenRoom:
+    """The most free cores and the most free memory of any pilot opened this cycle, at
+    any site, for CPU-only jobs and for GPU jobs (upper bounds while no pilot is opened)."""
+
+    cpus: int
+    memory_mb: int
+    gpu_cpus: int
+    gpu_memory_mb: int
+
+    def excludes(self, item: Item) -> bool:
+        """Whether no pilot opened this cycle can hold one job of `item`."""
+        if item.gpus > 0:
+            return item.cpus > self.gpu_cpus or item.memory_mb > self.gpu_memory_mb
+        return item.cpus > self.cpus or item.memory_mb > self.memory_mb
+
+
+def _open_room(sites: dict[str, SiteRow]) -> _OpenRoom:
+    """The room of the pilots opened so far, over all sites (`_OpenRoom`)."""
+    cpu_only = [s.new.open for s in sites.values() if s.new is not None]
+    gpu = [s.new.open_gpu for s in sites.values() if s.new is not None]
+    cpus, memory = _tier_bound(cpu_only)
+    gpu_cpus, gpu_memory = _tier_bound(gpu)
+    return _OpenRoom(cpus, memory, gpu_cpus, gpu_memory)
+
+
+def _all_closed(sites: dict[str, SiteRow], global_left: int) -> bool:
+    """Whether no site can open another pilot this cycle (for good: pilots opened and the
+    budget spent only grow)."""
+    return global_left <= 0 or not any(_pilots_left(s, global_left) for s in sites.values())
 
 
 def _per_pilot(s: SiteRow, row: Row) -> int:
