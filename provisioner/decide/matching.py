@@ -174,20 +174,48 @@ def matched_sites(d: Demand, sites: Sequence[SiteConfig], item: Item) -> tuple[l
     return [], "no single site fits: " + "; ".join(why)
 
 
-def match_demand(demand: Iterable[Demand], sites: Sequence[SiteConfig]
-                 ) -> tuple[list[Row], list[Unmatchable]]:
-    """Stage 1: equal shapes merged, each matched to its sites; rows largest first."""
+#: What decides a demand row's match: (shape, sites matching its Requirements, mismatch).
+_MatchKey = tuple[JobShape, frozenset[str] | None, str]
+
+
+class ShapeMatches:
+    """Each demand row's packer item and its sites (`matched_sites`), worked out once per
+    (shape, Requirements' sites, mismatch) in a cycle: the reserve asks again about the
+    recent arrivals, mostly shapes the queue holds too."""
+
+    def __init__(self, sites: Sequence[SiteConfig]) -> None:
+        self.sites = sites
+        self.known: dict[_MatchKey, tuple[Item, list[str], str]] = {}
+
+    def of(self, d: Demand, key: _MatchKey | None = None) -> tuple[Item, list[str], str]:
+        """(item, sites that fit, why none) of row `d`; `key`: its `_MatchKey`, if known
+        (a shape hashes in Python)."""
+        if key is None:
+            key = (d.shape, d.sites, d.mismatch)
+        known = self.known.get(key)
+        if known is None:
+            item = item_of(d.shape)
+            fits, why = matched_sites(d, self.sites, item)
+            known = self.known[key] = (item, fits, why)
+        return known
+
+
+def match_demand(demand: Iterable[Demand], sites: Sequence[SiteConfig],
+                 matches: ShapeMatches | None = None) -> tuple[list[Row], list[Unmatchable]]:
+    """Stage 1: equal shapes merged, each matched to its sites; rows largest first.
+    `matches`: the cycle's matches so far, for the sites `sites`."""
+    if matches is None:
+        matches = ShapeMatches(sites)
     # (shape, sites, mismatch) -> [the first such row, the idle jobs of all]; one look-up
     # per row (a shape hashes in Python)
-    merged: dict[tuple[JobShape, frozenset[str] | None, str], list[Any]] = {}
+    merged: dict[_MatchKey, list[Any]] = {}
     for d in demand:
         if d.idle > 0:
             merged.setdefault((d.shape, d.sites, d.mismatch), [d, 0])[1] += d.idle
     rows: list[Row] = []
     unmatchable: list[Unmatchable] = []
-    for d, idle in merged.values():
-        item = item_of(d.shape)
-        fits, why = matched_sites(d, sites, item)
+    for key, (d, idle) in merged.items():
+        item, fits, why = matches.of(d, key)
         if fits:
             rows.append(Row(item, d.shape, idle, fits))
         else:

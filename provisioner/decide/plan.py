@@ -34,6 +34,7 @@ from operator import attrgetter
 from provisioner.config import Config, SiteConfig
 from provisioner.decide.matching import (
     Row,
+    ShapeMatches,
     demand_of,
     item_of,
     match_demand,
@@ -521,8 +522,9 @@ def _plan(snapshot: Snapshot, memory: CycleMemory, config: Config, now: float) -
     registry: list[BinGroup] = []
     add_capacity(sites, snapshot, now, registry, skip=late)
 
-    rows, unmatchable = match_demand(snapshot.demand, order)
-    ghosts, sized = reserve_rows(snapshot, memory, config, order, now)
+    matches = ShapeMatches(order)  # the queue's shapes and the recent arrivals' alike
+    rows, unmatchable = match_demand(snapshot.demand, order, matches)
+    ghosts, sized = reserve_rows(snapshot, memory, config, order, now, matches)
     everything = rows + ghosts
     floor = Item(cpus=min((r.item.cpus for r in everything), default=1),
                  memory_mb=min((r.item.memory_mb for r in everything), default=0))
