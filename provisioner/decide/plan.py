@@ -70,6 +70,7 @@ from provisioner.model import (
     SiteSummary,
     Snapshot,
     Submit,
+    by_state,
 )
 
 __all__ = ["SiteRow", "carry_over", "demand_of", "item_of", "plan", "reserve_size",
@@ -85,11 +86,8 @@ _TIERS: tuple[PilotState, ...] = (
 )
 _WHOLE = _TIERS.index(PilotState.STARTING)  # from this tier on a pilot counts whole
 _PENDING = _TIERS.index(PilotState.PENDING)
-#: the states of pilots not yet in the pool (a module constant: reading an enum member
-#: off its class costs a descriptor call on Python 3.11, and this is read per pilot)
+#: the states of pilots not yet in the pool
 _NOT_UP = (PilotState.PENDING, PilotState.STARTING)
-#: state -> tier (a `PilotState` hashes as its string value: a dict look-up is quick)
-_TIER_OF = {state: tier for tier, state in enumerate(_TIERS)}
 
 
 @dataclass
@@ -145,10 +143,12 @@ class Budget:
         return got
 
 
-def site_rows(snapshot: Snapshot, memory: CycleMemory, config: Config) -> dict[str, SiteRow]:
+def site_rows(snapshot: Snapshot, memory: CycleMemory, config: Config,
+              pending: Sequence[Pilot] | None = None) -> dict[str, SiteRow]:
     """One `SiteRow` per configured site with its pilot counts, its room for new pilots
     (the tightest of its caps, its circuit breaker and its SLURM limits; none at a site
-    not read this cycle) and an empty `NewPilots`."""
+    not read this cycle) and an empty `NewPilots`. `pending`: the snapshot's PENDING
+    pilots, if already sorted out (`by_state`)."""
     known = {v.name: v.known for v in snapshot.sites}
     rows = {s.name: SiteRow(s, known.get(s.name, False)) for s in config.sites}
     # An ENDING pilot is no capacity, but its batch job still holds the allocation until
@@ -158,8 +158,9 @@ def site_rows(snapshot: Snapshot, memory: CycleMemory, config: Config) -> dict[s
         row = rows.get(site)
         if row is not None:
             row.held += n
-    pending = PilotState.PENDING  # read once (off its class it costs a descriptor call)
-    for site, n in Counter([p.site for p in snapshot.pilots if p.state is pending]).items():
+    if pending is None:
+        pending = by_state(snapshot.pilots)[PilotState.PENDING]
+    for site, n in Counter(map(_SITE, pending)).items():
         row = rows.get(site)
         if row is not None:
             row.pending += n
@@ -183,58 +184,61 @@ def site_rows(snapshot: Snapshot, memory: CycleMemory, config: Config) -> dict[s
 
 
 def add_capacity(sites: dict[str, SiteRow], snapshot: Snapshot, now: float,
-                 registry: list[BinGroup], skip: Iterable[str] = ()) -> None:
+                 registry: list[BinGroup], skip: Iterable[str] = (),
+                 states: Mapping[PilotState, Sequence[Pilot]] | None = None) -> None:
     """Existing capacity as identical-bin groups, one index per site and tier; pilots in
-    `skip` are no capacity."""
+    `skip` are no capacity. `states`: the snapshot's pilots by state, if already sorted
+    out (`by_state`)."""
     skip = frozenset(skip)
+    if states is None:
+        states = by_state(snapshot.pilots)
     # (site, tier, free cpus, memory and GPUs, GPU share's cpus and memory) -> pilots
     # (its pilots' ends, the pilots): two lists, not a tuple per pilot
     raw: dict[tuple[str, int, int, int, int, int, int], tuple[list[float], list[Pilot]]] = {}
     # per site: (walltime of a fresh pilot, shutdown margin), looked up once
     times = {name: (s.config.pilot.walltime_s, s.config.pilot.shutdown_margin_s)
              for name, s in sites.items()}
-    tier_of, whole, pending = _TIER_OF, _WHOLE, _PENDING  # locals: this loop runs per pilot
-    for p in snapshot.pilots:
-        tier = tier_of.get(p.state)
-        if tier is None:
-            continue
-        if tier >= whole:
-            c, m, g = p.cpus, p.memory_mb, p.gpus
-        else:
-            c = p.free_cpus
-            if c <= 0:
-                continue
-            m, g = p.free_memory_mb, p.free_gpus
-        site_times = times.get(p.site)
-        if site_times is None or p.limit_reason or (skip and p.key in skip):
-            continue  # a pilot pending at a job-count limit is no capacity on its way
-        # when SLURM ends the pilot: a pending pilot gets a full walltime when it starts
-        # (its runtime fit was checked per site), so it has no end yet; a pilot whose end
-        # is not known ends a walltime after its start. Within the shutdown margin of its
-        # end a pilot starts no jobs: no capacity. (Inline: this runs per pilot.)
-        if tier == pending:
-            end = INF
-        else:
-            known_end = p.walltime_end
-            if known_end is None:
-                start = p.started_at if p.started_at is not None else now
-                end = start + site_times[0]
+    # tier by tier: the pilots of each (site, tier) keep the snapshot's order
+    for tier, state in enumerate(_TIERS):
+        whole, pending = tier >= _WHOLE, tier == _PENDING
+        for p in states[state]:
+            if whole:
+                c, m, g = p.cpus, p.memory_mb, p.gpus
             else:
-                end = known_end
-            if end - site_times[1] <= now:
-                continue
-        # the GPU share (`gpu_share`) as plain numbers; a `GpuShare` per group
-        gpus = p.gpus
-        if gpus > 0:
-            key = (p.site, tier, c, m, g, p.cpus // gpus, p.memory_mb // gpus)
-        else:
-            key = (p.site, tier, c, m, g, 0, 0)
-        members = raw.get(key)
-        if members is None:
-            raw[key] = ([end], [p])
-        else:
-            members[0].append(end)
-            members[1].append(p)
+                c = p.free_cpus
+                if c <= 0:
+                    continue
+                m, g = p.free_memory_mb, p.free_gpus
+            site_times = times.get(p.site)
+            if site_times is None or p.limit_reason or (skip and p.key in skip):
+                continue  # a pilot pending at a job-count limit is no capacity on its way
+            # when SLURM ends the pilot: a pending pilot gets a full walltime when it starts
+            # (its runtime fit was checked per site), so it has no end yet; a pilot whose end
+            # is not known ends a walltime after its start. Within the shutdown margin of its
+            # end a pilot starts no jobs: no capacity. (Inline: this runs per pilot.)
+            if pending:
+                end = INF
+            else:
+                known_end = p.walltime_end
+                if known_end is None:
+                    start = p.started_at if p.started_at is not None else now
+                    end = start + site_times[0]
+                else:
+                    end = known_end
+                if end - site_times[1] <= now:
+                    continue
+            # the GPU share (`gpu_share`) as plain numbers; a `GpuShare` per group
+            gpus = p.gpus
+            if gpus > 0:
+                key = (p.site, tier, c, m, g, p.cpus // gpus, p.memory_mb // gpus)
+            else:
+                key = (p.site, tier, c, m, g, 0, 0)
+            members = raw.get(key)
+            if members is None:
+                raw[key] = ([end], [p])
+            else:
+                members[0].append(end)
+                members[1].append(p)
     by_index: dict[tuple[str, int], list[BinGroup]] = {}
     for (site_name, tier, c, m, g, share_c, share_m), (untils, pilots) in raw.items():
         if len(pilots) > 1:  # a pilot alone in its group (common): nothing to sort
@@ -507,20 +511,22 @@ def _plan(snapshot: Snapshot, memory: CycleMemory, config: Config, now: float) -
     """`plan`, with the collector paused."""
     if not snapshot.pool_known:
         return Plan(actions=())
-    leads = site_leads(snapshot, memory, config, now)
+    states = by_state(snapshot.pilots)  # several stages read only some states
+    pending = states[PilotState.PENDING]
+    leads = site_leads(snapshot, memory, config, now, pending)
     costs = costs_of(leads, config)
     # stable: config order; a tuple, so that matching reads the sites' limits once
     order = tuple(sorted(config.sites, key=lambda s: costs[s.name]))
-    sites = site_rows(snapshot, memory, config)
+    sites = site_rows(snapshot, memory, config, pending)
     sites = {s.name: sites[s.name] for s in order}
     # pending pilots a new one elsewhere would beat: no capacity (their jobs are placed
     # anew, once: the new pilots are capacity themselves), kept while demand they could
     # run is queued
     can_submit = [name for name, s in sites.items() if s.new is not None and s.new.allowed]
-    late = (slow_pending(snapshot, memory, config, now, leads, can_submit)
+    late = (slow_pending(snapshot, memory, config, now, leads, can_submit, pending)
             if config.policy.max_submit_per_cycle > 0 else {})
     registry: list[BinGroup] = []
-    add_capacity(sites, snapshot, now, registry, skip=late)
+    add_capacity(sites, snapshot, now, registry, skip=late, states=states)
 
     matches = ShapeMatches(order)  # the queue's shapes and the recent arrivals' alike
     rows, unmatchable = match_demand(snapshot.demand, order, matches)
@@ -544,8 +550,7 @@ def _plan(snapshot: Snapshot, memory: CycleMemory, config: Config, now: float) -
     # is expected (the reserve would want the room the busy pilots' jobs leave behind)
     reserve = sum(r.jobs for r in ghosts)
     spare = (not actions and not reserve and not any(r.left for r in rows)
-             and not any(p.key in used for p in snapshot.pilots
-                         if p.state in _NOT_UP))
+             and not any(p.key in used for state in _NOT_UP for p in states[state]))
     down, unneeded = pilot_actions(snapshot, memory, config, now, used, site_ok, bool(actions),
                                     spare)
     return Plan(

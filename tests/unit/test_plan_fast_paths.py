@@ -46,7 +46,9 @@ def ref_deadline(p: Pilot, site: SiteConfig, now: float) -> float | None:
 
 
 def ref_add_capacity(sites: dict[str, SiteRow], snapshot: Snapshot, now: float,
-                     registry: list[BinGroup], skip: Iterable[str] = ()) -> None:
+                     registry: list[BinGroup], skip: Iterable[str] = (),
+                     states: object = None) -> None:
+    """`add_capacity` straight from the snapshot (`states`, the pilots by state, unread)."""
     skip = frozenset(skip)
     tier_of = {state: i for i, state in enumerate(_TIERS)}
     whole = (PilotState.PENDING, PilotState.STARTING)
