@@ -198,6 +198,8 @@ def add_capacity(sites: dict[str, SiteRow], snapshot: Snapshot, now: float,
     # per site: (walltime of a fresh pilot, shutdown margin), looked up once
     times = {name: (s.config.pilot.walltime_s, s.config.pilot.shutdown_margin_s)
              for name, s in sites.items()}
+    # the groups with an end not read off a pilot's `walltime_end` (see below)
+    derived: set[tuple[str, int, int, int, int, int, int]] = set()
     # tier by tier: the pilots of each (site, tier) keep the snapshot's order
     for tier, state in enumerate(_TIERS):
         whole, pending = tier >= _WHOLE, tier == _PENDING
@@ -217,14 +219,13 @@ def add_capacity(sites: dict[str, SiteRow], snapshot: Snapshot, now: float,
             # is not known ends a walltime after its start. Within the shutdown margin of its
             # end a pilot starts no jobs: no capacity. (Inline: this runs per pilot.)
             if pending:
-                end = INF
+                end, read = INF, False
             else:
-                known_end = p.walltime_end
-                if known_end is None:
+                end = p.walltime_end
+                read = end is not None
+                if end is None:
                     start = p.started_at if p.started_at is not None else now
                     end = start + site_times[0]
-                else:
-                    end = known_end
                 if end - site_times[1] <= now:
                     continue
             # the GPU share (`gpu_share`) as plain numbers; a `GpuShare` per group
@@ -233,6 +234,8 @@ def add_capacity(sites: dict[str, SiteRow], snapshot: Snapshot, now: float,
                 key = (p.site, tier, c, m, g, p.cpus // gpus, p.memory_mb // gpus)
             else:
                 key = (p.site, tier, c, m, g, 0, 0)
+            if not read:
+                derived.add(key)
             members = raw.get(key)
             if members is None:
                 raw[key] = ([end], [p])
@@ -240,11 +243,16 @@ def add_capacity(sites: dict[str, SiteRow], snapshot: Snapshot, now: float,
                 members[0].append(end)
                 members[1].append(p)
     by_index: dict[tuple[str, int], list[BinGroup]] = {}
-    for (site_name, tier, c, m, g, share_c, share_m), (untils, pilots) in raw.items():
+    for key, (untils, pilots) in raw.items():
+        site_name, tier, c, m, g, share_c, share_m = key
         if len(pilots) > 1:  # a pilot alone in its group (common): nothing to sort
             # latest end first; stable (also reversed): equal ends keep snapshot order
-            order = sorted(range(len(untils)), key=untils.__getitem__, reverse=True)
-            untils, pilots = [untils[i] for i in order], [pilots[i] for i in order]
+            if key in derived:
+                order = sorted(range(len(untils)), key=untils.__getitem__, reverse=True)
+                untils, pilots = [untils[i] for i in order], [pilots[i] for i in order]
+            else:  # every end is its pilot's own: two sorts in C, not a permutation
+                untils.sort(reverse=True)
+                pilots.sort(key=_WALLTIME_END, reverse=True)
         by_index.setdefault((site_name, tier), []).append(
             BinGroup(c, m, g, untils[0], len(pilots), pilots, untils=untils,
                      share=GpuShare(share_c, share_m) if share_c or share_m else NO_SHARE))
@@ -301,6 +309,7 @@ def _tier_bound(indexes: Iterable[CapacityIndex]) -> tuple[int, int]:
 
 
 _SITE = attrgetter("site")
+_WALLTIME_END = attrgetter("walltime_end")
 _MAX_CPUS = attrgetter("max_cpus")
 _MAX_MEM = attrgetter("max_mem")
 
