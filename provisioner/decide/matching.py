@@ -41,14 +41,19 @@ class Row:
         return self.item.cpus, self.item.memory_mb, self.item.gpus
 
 
+#: An `Item`'s fields as plain values: (cpus, memory_mb, gpus, runtime_s).
+_ItemKey = tuple[int, int, int, int | None]
+
+
+def item_key(shape: JobShape) -> _ItemKey:
+    """The fields of `item_of(shape)`, as a tuple (hashed in C, unlike an `Item`)."""
+    return (max(1, shape.cpus), round_memory(shape.memory_mb), max(0, shape.gpus),
+            shape.runtime_s)
+
+
 def item_of(shape: JobShape) -> Item:
     """The packer's view of a shape: at least one cpu, memory rounded like the startd."""
-    return Item(
-        cpus=max(1, shape.cpus),
-        memory_mb=round_memory(shape.memory_mb),
-        gpus=max(0, shape.gpus),
-        runtime_s=shape.runtime_s,
-    )
+    return Item(*item_key(shape))
 
 
 def site_rejects(shape: JobShape, site: SiteConfig, item: Item | None = None) -> str:
@@ -181,11 +186,20 @@ _MatchKey = tuple[JobShape, frozenset[str] | None, str]
 class ShapeMatches:
     """Each demand row's packer item and its sites (`matched_sites`), worked out once per
     (shape, Requirements' sites, mismatch) in a cycle: the reserve asks again about the
-    recent arrivals, mostly shapes the queue holds too."""
+    recent arrivals, mostly shapes the queue holds too.
+
+    Shapes that differ only by what the packer does not see (memory within one rounding
+    step, disk, Requirements evaluated to the same sites) share one `Item` and one list of
+    sites: building a frozen dataclass and checking every site cost more than a look-up."""
 
     def __init__(self, sites: Sequence[SiteConfig]) -> None:
         self.sites = sites
         self.known: dict[_MatchKey, tuple[Item, list[str], str]] = {}
+        self.items: dict[_ItemKey, Item] = {}
+        #: (item, DesiredSites, Requirements' sites) -> the sites that fit, if any do
+        #: (none: the reason names the shape's own numbers, so it is not shared)
+        self.fits: dict[tuple[_ItemKey, tuple[str, ...], frozenset[str] | None],
+                        list[str]] = {}
 
     def of(self, d: Demand, key: _MatchKey | None = None) -> tuple[Item, list[str], str]:
         """(item, sites that fit, why none) of row `d`; `key`: its `_MatchKey`, if known
@@ -194,8 +208,18 @@ class ShapeMatches:
             key = (d.shape, d.sites, d.mismatch)
         known = self.known.get(key)
         if known is None:
-            item = item_of(d.shape)
-            fits, why = matched_sites(d, self.sites, item)
+            fields = item_key(d.shape)
+            item = self.items.get(fields)
+            if item is None:
+                item = self.items[fields] = Item(*fields)
+            shared = (fields, d.shape.desired_sites, d.sites)
+            fits = self.fits.get(shared)
+            if fits is None:
+                fits, why = matched_sites(d, self.sites, item)
+                if fits:
+                    self.fits[shared] = fits
+            else:
+                fits, why = list(fits), ""  # (a copy: each row its own list)
             known = self.known[key] = (item, fits, why)
         return known
 
