@@ -221,11 +221,13 @@ def add_capacity(sites: dict[str, SiteRow], snapshot: Snapshot, now: float,
             if pending:
                 end, read = INF, False
             else:
-                end = p.walltime_end
-                read = end is not None
-                if end is None:
+                known_end = p.walltime_end
+                read = known_end is not None
+                if known_end is None:
                     start = p.started_at if p.started_at is not None else now
                     end = start + site_times[0]
+                else:
+                    end = known_end
                 if end - site_times[1] <= now:
                     continue
             # the GPU share (`gpu_share`) as plain numbers; a `GpuShare` per group
