@@ -8,6 +8,7 @@ into a `Plan` whose `actions` the service applies.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 
@@ -90,6 +91,15 @@ class Pilot:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "key", f"{self.site}/{self.job_id}")
+
+
+def by_state(pilots: Iterable[Pilot]) -> dict[PilotState, list[Pilot]]:
+    """The pilots of each state (every state a key), each list in the order given: one
+    pass for the stages of a cycle that read only some states (most pilots are busy)."""
+    out: dict[PilotState, list[Pilot]] = {state: [] for state in PilotState}
+    for p in pilots:
+        out[p.state].append(p)
+    return out
 
 
 @dataclass(frozen=True)

@@ -41,14 +41,19 @@ class Row:
         return self.item.cpus, self.item.memory_mb, self.item.gpus
 
 
+#: An `Item`'s fields as plain values: (cpus, memory_mb, gpus, runtime_s).
+_ItemKey = tuple[int, int, int, int | None]
+
+
+def item_key(shape: JobShape) -> _ItemKey:
+    """The fields of `item_of(shape)`, as a tuple (hashed in C, unlike an `Item`)."""
+    return (max(1, shape.cpus), round_memory(shape.memory_mb), max(0, shape.gpus),
+            shape.runtime_s)
+
+
 def item_of(shape: JobShape) -> Item:
     """The packer's view of a shape: at least one cpu, memory rounded like the startd."""
-    return Item(
-        cpus=max(1, shape.cpus),
-        memory_mb=round_memory(shape.memory_mb),
-        gpus=max(0, shape.gpus),
-        runtime_s=shape.runtime_s,
-    )
+    return Item(*item_key(shape))
 
 
 def site_rejects(shape: JobShape, site: SiteConfig, item: Item | None = None) -> str:
@@ -174,20 +179,67 @@ def matched_sites(d: Demand, sites: Sequence[SiteConfig], item: Item) -> tuple[l
     return [], "no single site fits: " + "; ".join(why)
 
 
-def match_demand(demand: Iterable[Demand], sites: Sequence[SiteConfig]
-                 ) -> tuple[list[Row], list[Unmatchable]]:
-    """Stage 1: equal shapes merged, each matched to its sites; rows largest first."""
+#: What decides a demand row's match: (shape, sites matching its Requirements, mismatch).
+_MatchKey = tuple[JobShape, frozenset[str] | None, str]
+
+
+class ShapeMatches:
+    """Each demand row's packer item and its sites (`matched_sites`), worked out once per
+    (shape, Requirements' sites, mismatch) in a cycle: the reserve asks again about the
+    recent arrivals, mostly shapes the queue holds too.
+
+    Shapes that differ only by what the packer does not see (memory within one rounding
+    step, disk, Requirements evaluated to the same sites) share one `Item` and one list of
+    sites: building a frozen dataclass and checking every site cost more than a look-up."""
+
+    def __init__(self, sites: Sequence[SiteConfig]) -> None:
+        self.sites = sites
+        self.known: dict[_MatchKey, tuple[Item, list[str], str]] = {}
+        self.items: dict[_ItemKey, Item] = {}
+        #: (item, DesiredSites, Requirements' sites) -> the sites that fit, if any do
+        #: (none: the reason names the shape's own numbers, so it is not shared)
+        self.fits: dict[tuple[_ItemKey, tuple[str, ...], frozenset[str] | None],
+                        list[str]] = {}
+
+    def of(self, d: Demand, key: _MatchKey | None = None) -> tuple[Item, list[str], str]:
+        """(item, sites that fit, why none) of row `d`; `key`: its `_MatchKey`, if known
+        (a shape hashes in Python)."""
+        if key is None:
+            key = (d.shape, d.sites, d.mismatch)
+        known = self.known.get(key)
+        if known is None:
+            fields = item_key(d.shape)
+            item = self.items.get(fields)
+            if item is None:
+                item = self.items[fields] = Item(*fields)
+            shared = (fields, d.shape.desired_sites, d.sites)
+            fits = self.fits.get(shared)
+            if fits is None:
+                fits, why = matched_sites(d, self.sites, item)
+                if fits:
+                    self.fits[shared] = fits
+            else:
+                fits, why = list(fits), ""  # (a copy: each row its own list)
+            known = self.known[key] = (item, fits, why)
+        return known
+
+
+def match_demand(demand: Iterable[Demand], sites: Sequence[SiteConfig],
+                 matches: ShapeMatches | None = None) -> tuple[list[Row], list[Unmatchable]]:
+    """Stage 1: equal shapes merged, each matched to its sites; rows largest first.
+    `matches`: the cycle's matches so far, for the sites `sites`."""
+    if matches is None:
+        matches = ShapeMatches(sites)
     # (shape, sites, mismatch) -> [the first such row, the idle jobs of all]; one look-up
     # per row (a shape hashes in Python)
-    merged: dict[tuple[JobShape, frozenset[str] | None, str], list[Any]] = {}
+    merged: dict[_MatchKey, list[Any]] = {}
     for d in demand:
         if d.idle > 0:
             merged.setdefault((d.shape, d.sites, d.mismatch), [d, 0])[1] += d.idle
     rows: list[Row] = []
     unmatchable: list[Unmatchable] = []
-    for d, idle in merged.values():
-        item = item_of(d.shape)
-        fits, why = matched_sites(d, sites, item)
+    for key, (d, idle) in merged.items():
+        item, fits, why = matches.of(d, key)
         if fits:
             rows.append(Row(item, d.shape, idle, fits))
         else:

@@ -193,6 +193,8 @@ class CapacityIndex:
         #: An upper bound on any group's free memory (exact after a failed fill; buckets
         #: are sorted by it and never empty).
         self.max_mem = max(map(_FREE_MEM, map(_FIRST, self.buckets.values())), default=0)
+        #: whether `max_mem` is exact: until a group takes jobs (`add` keeps it exact)
+        self.max_mem_exact = True
 
     def may_fit(self, item: Item) -> bool:
         """False only if no group has the cpus and memory for one job of `item`."""
@@ -254,6 +256,8 @@ class CapacityIndex:
                 break
         if resort:
             self._sort_keys()
+        if moved:
+            self.max_mem_exact = False
         if floor is None:
             self._insert(moved, 1, 0)
         else:
@@ -263,7 +267,8 @@ class CapacityIndex:
             failure = Failure(c, m, gp, deadline)
             self.failed = [f for f in self.failed if not failure.covers(*f)]
             self.failed.append(failure)
-            self._refresh_max_mem()
+            if not self.max_mem_exact:  # (most failed fills took nothing: it still is)
+                self._refresh_max_mem()
         return n - left
 
     def _fill_bucket(self, bucket: list[BinGroup], item: Item, n: int, deadline: float,

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from provisioner.config import Config, PlacementConfig
 from provisioner.decide.matching import Row
-from provisioner.model import CycleMemory, PilotState, SiteEstimate, Snapshot
+from provisioner.model import CycleMemory, Pilot, PilotState, SiteEstimate, Snapshot
 
 #: A module constant: on Python 3.11 reading an enum member off its class
 #: (`PilotState.PENDING`) costs a descriptor call, and these loops run once per pilot.
@@ -39,18 +39,18 @@ def estimate_of(site: str, estimates: Mapping[str, SiteEstimate],
 
 
 def site_leads(snapshot: Snapshot, memory: CycleMemory, config: Config,
-               now: float) -> dict[str, float]:
+               now: float, pending: Sequence[Pilot] | None = None) -> dict[str, float]:
     """Per site: expected seconds from a submission now to a usable slot: the expected
     queue wait plus boot. Pending pilots are censored observations: when even the
     youngest pending pilot has waited longer than the estimate, the wait is raised toward
     its age, fully for a site without history and less the more starts it has seen (one
-    straggler in a heavy-tailed queue does not make a busy site slow)."""
+    straggler in a heavy-tailed queue does not make a busy site slow). `pending`: the
+    snapshot's PENDING pilots, if already sorted out (`by_state`)."""
     placement = config.policy.placement
     youngest: dict[str, float] = {}
-    for p in snapshot.pilots:
-        if p.state is _PENDING:
-            age = max(0.0, now - p.submitted_at)
-            youngest[p.site] = min(youngest.get(p.site, age), age)
+    for p in _pending(snapshot, pending):
+        age = max(0.0, now - p.submitted_at)
+        youngest[p.site] = min(youngest.get(p.site, age), age)
     out = {}
     for s in config.sites:
         est = estimate_of(s.name, memory.estimates, placement)
@@ -65,13 +65,22 @@ def costs_of(leads: Mapping[str, float], config: Config) -> dict[str, float]:
             for s in config.sites}
 
 
+def _pending(snapshot: Snapshot, pending: Sequence[Pilot] | None) -> Sequence[Pilot]:
+    """The snapshot's PENDING pilots: `pending` if given (already sorted out)."""
+    if pending is not None:
+        return pending
+    return [p for p in snapshot.pilots if p.state is _PENDING]
+
+
 def slow_pending(snapshot: Snapshot, memory: CycleMemory, config: Config, now: float,
-                 leads: Mapping[str, float], open_sites: Iterable[str]) -> dict[str, str]:
+                 leads: Mapping[str, float], open_sites: Iterable[str],
+                 pending: Sequence[Pilot] | None = None) -> dict[str, str]:
     """Pending pilots that no longer count as capacity (key -> site): expected to be
     usable later than a new pilot at the quickest site that can take one now, plus
     ``hedge_margin_s``. A pilot's remaining wait is its site's expected wait less its age,
     or its age if longer (queue waits have heavy tails: the longer a pilot waited, the
-    longer it is likely to wait). Pilots at sites not read this cycle always count."""
+    longer it is likely to wait). Pilots at sites not read this cycle always count.
+    `pending`: the snapshot's PENDING pilots, if already sorted out (`by_state`)."""
     known = {v.name for v in snapshot.sites if v.known}
     best = min((leads[name] for name in open_sites), default=math.inf)
     if best == math.inf:
@@ -80,8 +89,8 @@ def slow_pending(snapshot: Snapshot, memory: CycleMemory, config: Config, now: f
     estimates = {name: estimate_of(name, memory.estimates, placement) for name in known}
     out = {}
     too_late = best + placement.hedge_margin_s
-    for p in snapshot.pilots:
-        if p.state is not _PENDING or p.site not in known:
+    for p in _pending(snapshot, pending):
+        if p.site not in known:
             continue
         est = estimates[p.site]
         age = max(0.0, now - p.submitted_at)

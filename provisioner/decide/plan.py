@@ -24,14 +24,17 @@ pilots' capacity still counts.
 
 from __future__ import annotations
 
+import gc
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from operator import attrgetter
 
 from provisioner.config import Config, SiteConfig
 from provisioner.decide.matching import (
     Row,
+    ShapeMatches,
     demand_of,
     item_of,
     match_demand,
@@ -67,6 +70,7 @@ from provisioner.model import (
     SiteSummary,
     Snapshot,
     Submit,
+    by_state,
 )
 
 __all__ = ["SiteRow", "carry_over", "demand_of", "item_of", "plan", "reserve_size",
@@ -82,11 +86,8 @@ _TIERS: tuple[PilotState, ...] = (
 )
 _WHOLE = _TIERS.index(PilotState.STARTING)  # from this tier on a pilot counts whole
 _PENDING = _TIERS.index(PilotState.PENDING)
-#: the states of pilots not yet in the pool (a module constant: reading an enum member
-#: off its class costs a descriptor call on Python 3.11, and this is read per pilot)
+#: the states of pilots not yet in the pool
 _NOT_UP = (PilotState.PENDING, PilotState.STARTING)
-#: state -> tier (a `PilotState` hashes as its string value: a dict look-up is quick)
-_TIER_OF = {state: tier for tier, state in enumerate(_TIERS)}
 
 
 @dataclass
@@ -142,10 +143,12 @@ class Budget:
         return got
 
 
-def site_rows(snapshot: Snapshot, memory: CycleMemory, config: Config) -> dict[str, SiteRow]:
+def site_rows(snapshot: Snapshot, memory: CycleMemory, config: Config,
+              pending: Sequence[Pilot] | None = None) -> dict[str, SiteRow]:
     """One `SiteRow` per configured site with its pilot counts, its room for new pilots
     (the tightest of its caps, its circuit breaker and its SLURM limits; none at a site
-    not read this cycle) and an empty `NewPilots`."""
+    not read this cycle) and an empty `NewPilots`. `pending`: the snapshot's PENDING
+    pilots, if already sorted out (`by_state`)."""
     known = {v.name: v.known for v in snapshot.sites}
     rows = {s.name: SiteRow(s, known.get(s.name, False)) for s in config.sites}
     # An ENDING pilot is no capacity, but its batch job still holds the allocation until
@@ -155,8 +158,9 @@ def site_rows(snapshot: Snapshot, memory: CycleMemory, config: Config) -> dict[s
         row = rows.get(site)
         if row is not None:
             row.held += n
-    pending = PilotState.PENDING  # read once (off its class it costs a descriptor call)
-    for site, n in Counter([p.site for p in snapshot.pilots if p.state is pending]).items():
+    if pending is None:
+        pending = by_state(snapshot.pilots)[PilotState.PENDING]
+    for site, n in Counter(map(_SITE, pending)).items():
         row = rows.get(site)
         if row is not None:
             row.pending += n
@@ -180,64 +184,77 @@ def site_rows(snapshot: Snapshot, memory: CycleMemory, config: Config) -> dict[s
 
 
 def add_capacity(sites: dict[str, SiteRow], snapshot: Snapshot, now: float,
-                 registry: list[BinGroup], skip: Iterable[str] = ()) -> None:
+                 registry: list[BinGroup], skip: Iterable[str] = (),
+                 states: Mapping[PilotState, Sequence[Pilot]] | None = None) -> None:
     """Existing capacity as identical-bin groups, one index per site and tier; pilots in
-    `skip` are no capacity."""
+    `skip` are no capacity. `states`: the snapshot's pilots by state, if already sorted
+    out (`by_state`)."""
     skip = frozenset(skip)
+    if states is None:
+        states = by_state(snapshot.pilots)
     # (site, tier, free cpus, memory and GPUs, GPU share's cpus and memory) -> pilots
     # (its pilots' ends, the pilots): two lists, not a tuple per pilot
     raw: dict[tuple[str, int, int, int, int, int, int], tuple[list[float], list[Pilot]]] = {}
     # per site: (walltime of a fresh pilot, shutdown margin), looked up once
     times = {name: (s.config.pilot.walltime_s, s.config.pilot.shutdown_margin_s)
              for name, s in sites.items()}
-    tier_of, whole, pending = _TIER_OF, _WHOLE, _PENDING  # locals: this loop runs per pilot
-    for p in snapshot.pilots:
-        tier = tier_of.get(p.state)
-        if tier is None:
-            continue
-        if tier >= whole:
-            c, m, g = p.cpus, p.memory_mb, p.gpus
-        else:
-            c = p.free_cpus
-            if c <= 0:
-                continue
-            m, g = p.free_memory_mb, p.free_gpus
-        site_times = times.get(p.site)
-        if site_times is None or p.limit_reason or (skip and p.key in skip):
-            continue  # a pilot pending at a job-count limit is no capacity on its way
-        # when SLURM ends the pilot: a pending pilot gets a full walltime when it starts
-        # (its runtime fit was checked per site), so it has no end yet; a pilot whose end
-        # is not known ends a walltime after its start. Within the shutdown margin of its
-        # end a pilot starts no jobs: no capacity. (Inline: this runs per pilot.)
-        if tier == pending:
-            end = INF
-        else:
-            known_end = p.walltime_end
-            if known_end is None:
-                start = p.started_at if p.started_at is not None else now
-                end = start + site_times[0]
+    # the groups with an end not read off a pilot's `walltime_end` (see below)
+    derived: set[tuple[str, int, int, int, int, int, int]] = set()
+    # tier by tier: the pilots of each (site, tier) keep the snapshot's order
+    for tier, state in enumerate(_TIERS):
+        whole, pending = tier >= _WHOLE, tier == _PENDING
+        for p in states[state]:
+            if whole:
+                c, m, g = p.cpus, p.memory_mb, p.gpus
             else:
-                end = known_end
-            if end - site_times[1] <= now:
-                continue
-        # the GPU share (`gpu_share`) as plain numbers; a `GpuShare` per group
-        gpus = p.gpus
-        if gpus > 0:
-            key = (p.site, tier, c, m, g, p.cpus // gpus, p.memory_mb // gpus)
-        else:
-            key = (p.site, tier, c, m, g, 0, 0)
-        members = raw.get(key)
-        if members is None:
-            raw[key] = ([end], [p])
-        else:
-            members[0].append(end)
-            members[1].append(p)
+                c = p.free_cpus
+                if c <= 0:
+                    continue
+                m, g = p.free_memory_mb, p.free_gpus
+            site_times = times.get(p.site)
+            if site_times is None or p.limit_reason or (skip and p.key in skip):
+                continue  # a pilot pending at a job-count limit is no capacity on its way
+            # when SLURM ends the pilot: a pending pilot gets a full walltime when it starts
+            # (its runtime fit was checked per site), so it has no end yet; a pilot whose end
+            # is not known ends a walltime after its start. Within the shutdown margin of its
+            # end a pilot starts no jobs: no capacity. (Inline: this runs per pilot.)
+            if pending:
+                end, read = INF, False
+            else:
+                known_end = p.walltime_end
+                read = known_end is not None
+                if known_end is None:
+                    start = p.started_at if p.started_at is not None else now
+                    end = start + site_times[0]
+                else:
+                    end = known_end
+                if end - site_times[1] <= now:
+                    continue
+            # the GPU share (`gpu_share`) as plain numbers; a `GpuShare` per group
+            gpus = p.gpus
+            if gpus > 0:
+                key = (p.site, tier, c, m, g, p.cpus // gpus, p.memory_mb // gpus)
+            else:
+                key = (p.site, tier, c, m, g, 0, 0)
+            if not read:
+                derived.add(key)
+            members = raw.get(key)
+            if members is None:
+                raw[key] = ([end], [p])
+            else:
+                members[0].append(end)
+                members[1].append(p)
     by_index: dict[tuple[str, int], list[BinGroup]] = {}
-    for (site_name, tier, c, m, g, share_c, share_m), (untils, pilots) in raw.items():
+    for key, (untils, pilots) in raw.items():
+        site_name, tier, c, m, g, share_c, share_m = key
         if len(pilots) > 1:  # a pilot alone in its group (common): nothing to sort
             # latest end first; stable (also reversed): equal ends keep snapshot order
-            order = sorted(range(len(untils)), key=untils.__getitem__, reverse=True)
-            untils, pilots = [untils[i] for i in order], [pilots[i] for i in order]
+            if key in derived:
+                order = sorted(range(len(untils)), key=untils.__getitem__, reverse=True)
+                untils, pilots = [untils[i] for i in order], [pilots[i] for i in order]
+            else:  # every end is its pilot's own: two sorts in C, not a permutation
+                untils.sort(reverse=True)
+                pilots.sort(key=_WALLTIME_END, reverse=True)
         by_index.setdefault((site_name, tier), []).append(
             BinGroup(c, m, g, untils[0], len(pilots), pilots, untils=untils,
                      share=GpuShare(share_c, share_m) if share_c or share_m else NO_SHARE))
@@ -294,6 +311,7 @@ def _tier_bound(indexes: Iterable[CapacityIndex]) -> tuple[int, int]:
 
 
 _SITE = attrgetter("site")
+_WALLTIME_END = attrgetter("walltime_end")
 _MAX_CPUS = attrgetter("max_cpus")
 _MAX_MEM = attrgetter("max_mem")
 
@@ -307,15 +325,20 @@ def fill_new(rows: Iterable[Row], sites: dict[str, SiteRow], global_left: int,
     and `global_left` new pilots over all sites; returns what is left of `global_left`."""
     budget = Budget(global_left)
     min_cpus = {name: s.config.pilot.min_cpus for name, s in sites.items()}
+    # real jobs offered per list of sites (many rows share one): added to the sites at the end
+    offered: dict[tuple[str, ...], list[int]] = {}
+    # once no site can open a pilot, only the pilots opened so far take jobs, and their room
+    # only shrinks: `room` bounds it (None: pilots may still be opened)
+    room = _open_room(sites) if _all_closed(sites, budget.left) else None
     for row in rows:
         if row.left == 0:
             continue
         if not row.reserve:
-            cpus = row.left * row.item.cpus
-            for name in row.sites:
-                s = sites[name]
-                s.offered_jobs += row.left
-                s.offered_cpus += cpus
+            jobs_cpus = offered.setdefault(tuple(row.sites), [0, 0])
+            jobs_cpus[0] += row.left
+            jobs_cpus[1] += row.left * row.item.cpus
+        if room is not None and room.excludes(row.item):
+            continue  # no pilot opened anywhere has the room for one job (cheap pre-check)
         if not _any_may_take(sites, row, budget.left):
             continue  # no site can open a pilot or has an open one that fits: no change
         for tier in ranked(row, costs, min_cpus, tie_share):
@@ -338,7 +361,45 @@ def fill_new(rows: Iterable[Row], sites: dict[str, SiteRow], global_left: int,
                 _place(sites[name], row, n, budget)
             for name in tier:
                 _place(sites[name], row, row.left, budget)
+        if _all_closed(sites, budget.left):
+            room = _open_room(sites)
+    for names, (jobs, cpus) in offered.items():
+        for name in names:
+            sites[name].offered_jobs += jobs
+            sites[name].offered_cpus += cpus
     return budget.left
+
+
+@dataclass(frozen=True, slots=True)
+class _OpenRoom:
+    """The most free cores and the most free memory of any pilot opened this cycle, at
+    any site, for CPU-only jobs and for GPU jobs (upper bounds while no pilot is opened)."""
+
+    cpus: int
+    memory_mb: int
+    gpu_cpus: int
+    gpu_memory_mb: int
+
+    def excludes(self, item: Item) -> bool:
+        """Whether no pilot opened this cycle can hold one job of `item`."""
+        if item.gpus > 0:
+            return item.cpus > self.gpu_cpus or item.memory_mb > self.gpu_memory_mb
+        return item.cpus > self.cpus or item.memory_mb > self.memory_mb
+
+
+def _open_room(sites: dict[str, SiteRow]) -> _OpenRoom:
+    """The room of the pilots opened so far, over all sites (`_OpenRoom`)."""
+    cpu_only = [s.new.open for s in sites.values() if s.new is not None]
+    gpu = [s.new.open_gpu for s in sites.values() if s.new is not None]
+    cpus, memory = _tier_bound(cpu_only)
+    gpu_cpus, gpu_memory = _tier_bound(gpu)
+    return _OpenRoom(cpus, memory, gpu_cpus, gpu_memory)
+
+
+def _all_closed(sites: dict[str, SiteRow], global_left: int) -> bool:
+    """Whether no site can open another pilot this cycle (for good: pilots opened and the
+    budget spent only grow)."""
+    return global_left <= 0 or not any(_pilots_left(s, global_left) for s in sites.values())
 
 
 def _per_pilot(s: SiteRow, row: Row) -> int:
@@ -430,28 +491,57 @@ def submissions(sites: Iterable[SiteRow], demand: Sequence[Row], global_room: in
     return actions, summaries
 
 
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector off for the block, back on after it (if it was on).
+
+    A cycle allocates tens of thousands of short-lived objects (groups, rows, keys); each
+    700 allocations start a collection, and every few of them a full one walks every
+    object of the process (the snapshot's pilots among them): about a fifth of a large
+    cycle went there. What a cycle allocates is freed by reference counting when it ends
+    (it builds no reference cycles), so nothing is lost by not collecting meanwhile.
+    """
+    was_on = gc.isenabled()
+    if was_on:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
 def plan(snapshot: Snapshot, memory: CycleMemory, config: Config, now: float) -> Plan:
     """Decide this cycle's actions from what it observed (`snapshot`) and what earlier
     cycles left (`memory`). Pure; `now` is the cycle's time (epoch seconds)."""
+    with _collector_paused():
+        return _plan(snapshot, memory, config, now)
+
+
+def _plan(snapshot: Snapshot, memory: CycleMemory, config: Config, now: float) -> Plan:
+    """`plan`, with the collector paused."""
     if not snapshot.pool_known:
         return Plan(actions=())
-    leads = site_leads(snapshot, memory, config, now)
+    states = by_state(snapshot.pilots)  # several stages read only some states
+    pending = states[PilotState.PENDING]
+    leads = site_leads(snapshot, memory, config, now, pending)
     costs = costs_of(leads, config)
     # stable: config order; a tuple, so that matching reads the sites' limits once
     order = tuple(sorted(config.sites, key=lambda s: costs[s.name]))
-    sites = site_rows(snapshot, memory, config)
+    sites = site_rows(snapshot, memory, config, pending)
     sites = {s.name: sites[s.name] for s in order}
     # pending pilots a new one elsewhere would beat: no capacity (their jobs are placed
     # anew, once: the new pilots are capacity themselves), kept while demand they could
     # run is queued
     can_submit = [name for name, s in sites.items() if s.new is not None and s.new.allowed]
-    late = (slow_pending(snapshot, memory, config, now, leads, can_submit)
+    late = (slow_pending(snapshot, memory, config, now, leads, can_submit, pending)
             if config.policy.max_submit_per_cycle > 0 else {})
     registry: list[BinGroup] = []
-    add_capacity(sites, snapshot, now, registry, skip=late)
+    add_capacity(sites, snapshot, now, registry, skip=late, states=states)
 
-    rows, unmatchable = match_demand(snapshot.demand, order)
-    ghosts, sized = reserve_rows(snapshot, memory, config, order, now)
+    matches = ShapeMatches(order)  # the queue's shapes and the recent arrivals' alike
+    rows, unmatchable = match_demand(snapshot.demand, order, matches)
+    ghosts, sized = reserve_rows(snapshot, memory, config, order, now, matches)
     everything = rows + ghosts
     floor = Item(cpus=min((r.item.cpus for r in everything), default=1),
                  memory_mb=min((r.item.memory_mb for r in everything), default=0))
@@ -471,8 +561,7 @@ def plan(snapshot: Snapshot, memory: CycleMemory, config: Config, now: float) ->
     # is expected (the reserve would want the room the busy pilots' jobs leave behind)
     reserve = sum(r.jobs for r in ghosts)
     spare = (not actions and not reserve and not any(r.left for r in rows)
-             and not any(p.key in used for p in snapshot.pilots
-                         if p.state in _NOT_UP))
+             and not any(p.key in used for state in _NOT_UP for p in states[state]))
     down, unneeded = pilot_actions(snapshot, memory, config, now, used, site_ok, bool(actions),
                                     spare)
     return Plan(

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from provisioner.config import Config, SiteConfig
-from provisioner.decide.matching import Row, fitting_sites, item_of, matched_sites
+from provisioner.decide.matching import Row, ShapeMatches, fitting_sites, item_of
 from provisioner.model import (
     Action,
     Cancel,
@@ -121,7 +121,8 @@ _Key = tuple[int, int, tuple[str, ...], tuple[str, ...]]
 
 
 def reserve_rows(snapshot: Snapshot, memory: CycleMemory, config: Config,
-                 sites: Sequence[SiteConfig], now: float) -> tuple[list[Row], int]:
+                 sites: Sequence[SiteConfig], now: float,
+                 matches: ShapeMatches | None = None) -> tuple[list[Row], int]:
     """The reserve as rows (marked `reserve`), largest first, and the size the arrivals
     ask for (before `CycleMemory.reserve_hold`).
 
@@ -131,11 +132,12 @@ def reserve_rows(snapshot: Snapshot, memory: CycleMemory, config: Config,
     fits any recent job of that group. The reserve is split over the groups in proportion
     to the square root of their arrivals (largest remainder). Jobs that arrived at fewer
     than ``min_arrival_times`` distinct times are no rate: no reserve. The size is at least
-    `CycleMemory.reserve_hold` while any arrival is in the window."""
+    `CycleMemory.reserve_hold` while any arrival is in the window. `matches`: the
+    cycle's matches so far, for the sites `sites`."""
     times = memory.arrival_times
     if times is not None and times < config.policy.reserve.min_arrival_times:
         return [], 0
-    counts, largest_mb = _groups(snapshot, sites)
+    counts, largest_mb = _groups(snapshot, sites, matches)
     lead = reserve_lead(memory, config)
     counts, worth = _worth_reserving(counts, memory, config, sites, lead)
     total = sum(counts.values())
@@ -162,17 +164,19 @@ def reserve_rows(snapshot: Snapshot, memory: CycleMemory, config: Config,
     return rows, size
 
 
-def _groups(snapshot: Snapshot, sites: Sequence[SiteConfig]
-            ) -> tuple[Counter[_Key], dict[_Key, int]]:
+def _groups(snapshot: Snapshot, sites: Sequence[SiteConfig],
+            matches: ShapeMatches | None = None) -> tuple[Counter[_Key], dict[_Key, int]]:
     """Recent matchable arrivals per reserve group, and each group's largest memory."""
+    if matches is None:
+        matches = ShapeMatches(sites)
     counts: Counter[_Key] = Counter()
     memory: dict[_Key, int] = {}
     for d in snapshot.recent_arrivals:
         if d.idle <= 0:
             continue
         shape = d.shape
-        item = item_of(shape)
-        if not matched_sites(d, sites, item)[0]:
+        item, fits, _why = matches.of(d)
+        if not fits:
             continue  # unmatchable arrivals never cause a reserve
         key = (item.cpus, item.gpus, shape.desired_sites,
                tuple(sorted(d.sites)) if d.sites is not None else ())

@@ -240,21 +240,22 @@ def pilot_actions(
     and keeps no reserve (then busy pilots nothing needs are retired)."""
     c = _Cycle(snapshot, memory, config, now, used, submitting,
                retire_ok=config.policy.retire_when_done and spare)
-    by_site: dict[str, list[Pilot]] = defaultdict(list)
-    for p in snapshot.pilots:
-        if site_ok.get(p.site, False):
-            by_site[p.site].append(p)
     # The BUSY rules act only on a flagged or retiring pilot, or in a cycle that may
     # retire (`retire_ok`). Most pilots are busy: a busy pilot none of them can act on is
-    # passed by without calling them (busy pilots count no warm pilots either).
+    # left out from the start (it counts no warm pilot either; a site left with no pilot
+    # has nothing for its site rules).
     busy_quiet = not c.retire_ok
     marked = memory.flagged.keys() | memory.retiring
+    by_site: dict[str, list[Pilot]] = defaultdict(list)
+    for p in snapshot.pilots:
+        if p.state is _BUSY and busy_quiet and p.key not in marked:
+            continue
+        if site_ok.get(p.site, False):
+            by_site[p.site].append(p)
     for name, pilots in sorted(by_site.items()):
         s = _Site(name, config.site(name))
         for p in pilots:
             state = p.state
-            if state is _BUSY and busy_quiet and p.key not in marked:
-                continue
             if state in _WARM and p.key not in used:
                 s.warm += 1
             for rule in _PILOT_RULES[state]:

@@ -197,3 +197,28 @@ def test_fill_decides_as_the_plain_reference(
         placed = index.fill(item, n, deadline, floor)
         assert placed == ref_fill(pool, ref_registry, failed, item, n, deadline)
     assert registry == ref_registry  # every group: its bins, their jobs and what is left
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    bins=st.lists(st.tuples(st.integers(1, 12), st.integers(0, 12), st.sampled_from((0, 0, 1)),
+                            st.lists(st.sampled_from((100.0, 1000.0, INF)), min_size=1,
+                                     max_size=3)),
+                  max_size=8),
+    fills=st.lists(st.tuples(st.integers(1, 4), st.integers(0, 4), st.sampled_from((0, 0, 1)),
+                             st.integers(0, 30), st.sampled_from((0.0, 500.0, 2000.0))),
+                   min_size=1, max_size=10),
+)
+def test_max_mem_is_exact_when_it_says_so(bins: list[tuple[int, int, int, list[float]]],
+                                          fills: list[tuple[int, int, int, int, float]]) -> None:
+    """`max_mem` bounds every group's free memory, and equals the largest while
+    `max_mem_exact` (a failed fill refreshes it only if a group took jobs since)."""
+    index = CapacityIndex([gpu_group(c, m * 1000, g, len(u), u, NO_SHARE)
+                           for c, m, g, u in bins], [])
+    for c, m, gpus, n, deadline in fills:
+        index.fill(Item(c, m * 1000, gpus), n, deadline, Item(1, 0))
+        largest = max((g.free_mem for bucket in index.buckets.values() for g in bucket),
+                      default=0)
+        assert index.max_mem >= largest
+        if index.max_mem_exact:
+            assert index.max_mem == largest

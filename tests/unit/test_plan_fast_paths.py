@@ -21,16 +21,34 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import provisioner.decide.matching as matching
+import provisioner.decide.placement as placement
 import provisioner.decide.plan as plan_module
+import provisioner.decide.scaledown as scaledown
 from bench.sim.synthetic import synthetic_snapshot
 from provisioner.config import Config, SiteConfig
-from provisioner.decide.matching import Row, fitting_sites, item_of, site_rejects
+from provisioner.decide.matching import (
+    Row,
+    ShapeMatches,
+    fitting_sites,
+    item_of,
+    matched_sites,
+    site_rejects,
+)
 from provisioner.decide.packing import INF, BinGroup, CapacityIndex, GpuShare, Item, pilot_share
 from provisioner.decide.placement import ranked, shares, whole_pilots
 from provisioner.decide.plan import _TIERS, SiteRow, _per_pilot, _pilots_left, plan
-from provisioner.model import CycleMemory, Pilot, PilotState, Plan, Snapshot
+from provisioner.model import (
+    Action,
+    CycleMemory,
+    Demand,
+    Pilot,
+    PilotState,
+    Plan,
+    Snapshot,
+    by_state,
+)
 
-from .test_plan_properties import SETTINGS, scenarios, shapes
+from .test_plan_properties import SETTINGS, SITES, scenarios, shapes
 
 
 def ref_deadline(p: Pilot, site: SiteConfig, now: float) -> float | None:
@@ -46,7 +64,9 @@ def ref_deadline(p: Pilot, site: SiteConfig, now: float) -> float | None:
 
 
 def ref_add_capacity(sites: dict[str, SiteRow], snapshot: Snapshot, now: float,
-                     registry: list[BinGroup], skip: Iterable[str] = ()) -> None:
+                     registry: list[BinGroup], skip: Iterable[str] = (),
+                     states: object = None) -> None:
+    """`add_capacity` straight from the snapshot (`states`, the pilots by state, unread)."""
     skip = frozenset(skip)
     tier_of = {state: i for i, state in enumerate(_TIERS)}
     whole = (PilotState.PENDING, PilotState.STARTING)
@@ -148,6 +168,56 @@ def ref_fitting_sites(shape, sites, item):  # type: ignore[no-untyped-def]
     return [s.name for s in sites if not site_rejects(shape, s, item)]
 
 
+class RefMatches(ShapeMatches):
+    """Every row matched on its own: no item or site list shared between shapes."""
+
+    def of(self, d: Demand, key: object = None) -> tuple[matching.Item, list[str], str]:
+        item = item_of(d.shape)
+        fits, why = matched_sites(d, self.sites, item)
+        return item, fits, why
+
+
+def ref_site_leads(snapshot: Snapshot, memory: CycleMemory, config: Config, now: float,
+                   pending: object = None) -> dict[str, float]:
+    return placement.site_leads(snapshot, memory, config, now)
+
+
+def ref_slow_pending(snapshot: Snapshot, memory: CycleMemory, config: Config, now: float,
+                     leads: Mapping[str, float], open_sites: Iterable[str],
+                     pending: object = None) -> dict[str, str]:
+    return placement.slow_pending(snapshot, memory, config, now, leads, open_sites)
+
+
+_site_rows = plan_module.site_rows
+
+
+def ref_site_rows(snapshot: Snapshot, memory: CycleMemory, config: Config,
+                  pending: object = None) -> dict[str, SiteRow]:
+    return _site_rows(snapshot, memory, config)
+
+
+def ref_pilot_actions(snapshot: Snapshot, memory: CycleMemory, config: Config, now: float,
+                      used: set[str], site_ok: dict[str, bool], submitting: bool = False,
+                      spare: bool = False) -> tuple[list[Action], list[str]]:
+    """`pilot_actions` visiting every pilot of every site whose scale-down is safe."""
+    c = scaledown._Cycle(snapshot, memory, config, now, used, submitting,
+                         retire_ok=config.policy.retire_when_done and spare)
+    by_site: dict[str, list[Pilot]] = defaultdict(list)
+    for p in snapshot.pilots:
+        if site_ok.get(p.site, False):
+            by_site[p.site].append(p)
+    for name, pilots in sorted(by_site.items()):
+        s = scaledown._Site(name, config.site(name))
+        for p in pilots:
+            if p.state in scaledown._WARM and p.key not in used:
+                s.warm += 1
+            for rule in scaledown._PILOT_RULES[p.state]:
+                rule(c, s, p)
+        for site_rule in scaledown._SITE_RULES:
+            site_rule(c, s)
+    return c.out, c.unneeded
+
+
 def reference_plan(snapshot: Snapshot, memory: CycleMemory, config: Config, now: float
                    ) -> Plan:
     with ExitStack() as stack:
@@ -156,6 +226,11 @@ def reference_plan(snapshot: Snapshot, memory: CycleMemory, config: Config, now:
             (plan_module, "fill_existing", ref_fill_existing),
             (plan_module, "fill_new", ref_fill_new),
             (matching, "fitting_sites", ref_fitting_sites),
+            (plan_module, "ShapeMatches", RefMatches),
+            (plan_module, "site_leads", ref_site_leads),
+            (plan_module, "slow_pending", ref_slow_pending),
+            (plan_module, "site_rows", ref_site_rows),
+            (plan_module, "pilot_actions", ref_pilot_actions),
         ):
             stack.enter_context(mock.patch.object(module, name, ref))
         return plan(snapshot, memory, config, now)
@@ -212,3 +287,38 @@ def test_site_limits_follow_the_sites_asked_about() -> None:
         for d in snap.demand:
             item = item_of(d.shape)
             assert fitting_sites(d.shape, sites, item) == ref_fitting_sites(d.shape, sites, item)
+
+
+demand_rows = st.builds(
+    Demand, shape=shapes, idle=st.integers(1, 5),
+    sites=st.one_of(st.none(), st.frozensets(st.sampled_from(SITES))),
+    mismatch=st.sampled_from(("", "no GPU")))
+
+
+@SETTINGS
+@given(scenarios(), st.lists(demand_rows, max_size=12), st.data())
+def test_shape_matches_are_each_rows_own(sc: tuple[Snapshot, CycleMemory, Config],
+                                         rows: list[Demand], data: st.DataObject) -> None:
+    """Rows that share an item or a site list through `ShapeMatches` get what matching
+    each on its own gives, whatever the order they are asked in (memory a few MB apart:
+    one rounding step, one item)."""
+    _snap, _mem, cfg = sc
+    near = [dataclasses.replace(d, shape=dataclasses.replace(d.shape,
+                                                             memory_mb=d.shape.memory_mb + 1))
+            for d in rows]
+    asked = data.draw(st.permutations(rows + near + rows))
+    matches = ShapeMatches(cfg.sites)
+    for d in asked:
+        item = item_of(d.shape)
+        assert matches.of(d) == (item, *matched_sites(d, cfg.sites, item))
+
+
+@SETTINGS
+@given(scenarios())
+def test_by_state_keeps_each_states_pilots_in_order(
+        sc: tuple[Snapshot, CycleMemory, Config]) -> None:
+    snap, _mem, _cfg = sc
+    states = by_state(snap.pilots)
+    assert set(states) == set(PilotState)
+    for state, pilots in states.items():
+        assert pilots == [p for p in snap.pilots if p.state is state]
