@@ -436,6 +436,7 @@ class Pool:
         opts = self.htcondor.QueryOpt
         views, unknown = self._each("queue query", lambda n, s: read_queue(
             s, opts.GroupBy, arrivals_since, now, self.settled, n, opts.SummaryOnly))
+        self.settled.keep_only(set(views) | {name for name, _ in unknown})
         merged = merge_views(views, unknown)
         self.idle_by_schedd = dict(merged.idle_by_schedd)
         return merged

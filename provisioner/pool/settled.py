@@ -136,6 +136,11 @@ class SettledReads:
     def forget(self, schedd: str) -> None:
         self.memory.pop(schedd, None)
 
+    def keep_only(self, schedds: set[str]) -> None:
+        """Forget the schedds not among `schedds` (gone from the pool's roster)."""
+        for name in set(self.memory) - schedds:
+            self.forget(name)
+
     def read(self, schedd: str, query: Query, now: float,
              server_time: ServerTime = lambda: None) -> list[Any]:
         """Every job of `queue` on `schedd` as group ads: the settled ones kept or read

@@ -232,3 +232,12 @@ def test_the_cut_is_on_the_schedds_clock_when_it_tells_it() -> None:
         assert read(q, memory) == q.truth(None)
         assert memory.memory["schedd"].jobs == settled
         assert memory.memory["schedd"].cut == (int(q.now) - 1 if clock else int(q.now) - 60)
+
+
+def test_a_schedd_gone_from_the_roster_is_forgotten() -> None:
+    q = Queue()
+    q.submit(5, 1)
+    memory = reads()
+    read(q, memory)
+    memory.keep_only({"other"})
+    assert memory.memory == {}
