@@ -299,9 +299,15 @@ def read_queue(schedd: Any, group_by: Any, since: float | None = None,
                                    opts=group_by))
     else:
         def server_time() -> int | None:
+            """The schedd's clock, None if it does not say (or the summary fails: the
+            cut then falls back to ours)."""
             if summary is None:
                 return None
-            told = [_int(ad, "ServerTime") for ad in schedd.query(opts=summary)]
+            try:
+                told = [_int(ad, "ServerTime") for ad in schedd.query(opts=summary)]
+            except Exception as exc:  # the bindings raise HTCondorException and friends
+                log.debug("schedd %s summary query failed: %s", name, exc)
+                return None
             return told[0] if told and told[0] > 0 else None
 
         groups = settled.read(name, lambda c, p: list(schedd.query(

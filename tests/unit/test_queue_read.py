@@ -113,6 +113,12 @@ def grouped(jobs: list[classad2.ClassAd], attrs: list[str] = GROUP_ATTRS,
             if name in members[0]:
                 group[name] = members[0].lookup(name)
         group["JobCount"] = len(members)
+        ids = sorted((m["ClusterId"], m["ProcId"]) for m in members
+                     if "ClusterId" in m and "ProcId" in m)
+        if ids:  # the schedd names the first and the last (MaxReturnedJobIds 2)
+            names_ = [f"{c}.{p}" for c, p in (ids[0], ids[-1])]
+            group["JobIds"] = names_[0] if len(ids) == 1 else \
+                (" ".join(names_) if len(ids) == 2 else " ... ".join(names_))
         out.append(group)
     return [g for g in out if not constraint or classad2.ExprTree(constraint).eval(g) is True]
 

@@ -241,3 +241,83 @@ def test_a_schedd_gone_from_the_roster_is_forgotten() -> None:
     read(q, memory)
     memory.keep_only({"other"})
     assert memory.memory == {}
+
+
+def test_a_job_materialized_late_is_not_settled() -> None:
+    """A `max_idle` submission materializes jobs later, stamped with the cluster's
+    QDate: their JobMaterializeDate keeps them out of the settled set."""
+    q = Queue()
+    c = q.submit(10, 1)
+    q.submit(30, 2)
+    q.now += 120
+    memory = reads()
+    read(q, memory)
+    q.now += 60
+    q.jobs[c, 10] = ad(ClusterId=c, ProcId=10, JobStatus=1, QDate=T0, EnteredCurrentStatus=T0,
+                       JobMaterializeDate=int(q.now), RequestCpus=1, RequestMemory=777)
+    assert read(q, memory) == q.truth(None)  # read as a fresh one...
+    assert memory.last["schedd"].how == "kept" and memory.last["schedd"].reread == 0
+    assert memory.memory["schedd"].jobs == 40  # ...not as a settled one
+
+
+def test_a_join_that_cancels_a_leave_is_seen_by_the_ids() -> None:
+    """A job that joins a cluster's settled jobs without a stamp while another leaves:
+    the count stays, the last id moves."""
+    q = Queue()
+    c = q.submit(10, 1)
+    q.submit(30, 2)
+    q.now += 120
+    memory = reads()
+    read(q, memory)
+    q.now += 60
+    del q.jobs[c, 3]
+    q.jobs[c, 10] = ad(ClusterId=c, ProcId=10, JobStatus=1, QDate=T0, EnteredCurrentStatus=T0,
+                       RequestCpus=1, RequestMemory=777)
+    assert read(q, memory) == q.truth(None)
+    assert memory.last["schedd"].reread == 1
+
+
+def test_many_small_clusters_and_a_busy_cluster_are_read_plainly() -> None:
+    q = Queue()
+    for _ in range(SettledReads.MAX_KEPT_CLUSTERS + 1):
+        q.submit(1, 1)
+    q.now += 120
+    memory = reads()
+    assert read(q, memory) == q.truth(None)
+    assert memory.last["schedd"].how == "plain" and "schedd" not in memory.memory
+    q.now += 100
+    q.schedd.queries.clear()
+    assert read(q, memory) == q.truth(None)
+    assert q.schedd.queries == [(QUEUE_CONSTRAINT, True)]  # one query, as before
+    q.now += 300  # the next resync: tried again
+    assert read(q, memory) == q.truth(None) and memory.last["schedd"].how == "plain"
+
+    busy = Queue()
+    c = busy.submit(100, 1)
+    busy.now += 120
+    memory = reads()
+    read(busy, memory)
+    busy.now += 10
+    busy.status((c, 5), 2, RemoteHost="slot1_1@pilot-1@n")
+    assert read(busy, memory) == busy.truth(None)
+    assert memory.last["schedd"].how == "plain"
+    busy.now += 61  # a fifth of resync_s later: kept again after a full read
+    assert read(busy, memory) == busy.truth(None) and memory.last["schedd"].how == "full"
+
+
+def test_a_failing_summary_falls_back_to_our_clock() -> None:
+    class NoSummary(GroupingSchedd):
+        def query(self, constraint: str = "", projection: list[str] | None = None,
+                  opts: object = None) -> list[classad2.ClassAd]:
+            if opts == "summary":
+                raise RuntimeError("summary refused")
+            return super().query(constraint, projection, opts)
+
+    q = Queue()
+    q.submit(10, 1)
+    q.now += 120
+    memory = reads()
+    schedd = NoSummary(list(q.jobs.values()))
+    view = read_queue(schedd, "groupby", None, q.now, memory, "schedd", "summary")
+    assert summary(view) == q.truth(None)
+    assert memory.memory["schedd"].cut == int(q.now) - 60
