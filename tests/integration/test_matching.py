@@ -208,8 +208,9 @@ def test_settled_jobs_kept_between_reads_say_what_a_full_read_says() -> None:
                  5, step=0.1)
         first, full = both()
         assert first == full and memory.last["cm"].how == "full"
-        settled = memory.memory["cm"].counts
-        assert settled == {int(a): 4, int(b): 3, int(z): 10}, settled
+        settled = memory.memory["cm"].counts  # jobs, first and last id: the schedd names them
+        assert settled == {int(c): (n, (int(c), 0), (int(c), n - 1))
+                           for c, n in ((a, 4), (b, 3), (z, 10))}, settled
         kept, full = both()
         assert kept == full and memory.last["cm"].how == "kept"
         assert memory.last["cm"].reread == 0
