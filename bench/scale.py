@@ -196,7 +196,7 @@ def parts(prov: Provisioner, repeats: int = 3) -> dict[str, float]:
         return statistics.median(times)
 
     group_by = htcondor.QueryOpt.GroupBy
-    out = {"schedd queue read in full (the first, then every 5 min or when most moved)":
+    out = {"schedd queue read in full (the first, then every 5 min)":
            timed(lambda: read_queue(htcondor.Schedd(), group_by)),
            "schedd queue read, settled idle jobs kept (the usual cycle)": timed(prov.pool.queue),
            "collector: the pilots' startd ads": timed(prov.pool.pilot_ads)}
