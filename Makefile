@@ -33,8 +33,9 @@ unit: venv
 
 # PYTEST_ARGS: more pytest options, e.g. PYTEST_ARGS=--durations=0 for each test's time.
 PYTEST_ARGS ?=
-integration: testbed
-	@$(call PYTEST_STRICT,$(TESTBED) exec -- pytest -q -p no:cacheprovider $(PYTEST_ARGS) /src/tests/integration)
+# Every integration file in one testbed: the one shard of one.
+integration:
+	@$(MAKE) --no-print-directory integration-shard SHARD=1/1
 
 # One shard of the integration files (SHARD=K/N, split by tests/shards.py) in the
 # testbed whose state directory is TESTBED_STATE (`make test` runs N at once), a line

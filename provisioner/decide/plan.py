@@ -85,7 +85,7 @@ _TIERS: tuple[PilotState, ...] = (
     PilotState.PENDING,
 )
 _WHOLE = _TIERS.index(PilotState.STARTING)  # from this tier on a pilot counts whole
-_PENDING = _TIERS.index(PilotState.PENDING)
+_PENDING_TIER = _TIERS.index(PilotState.PENDING)
 #: the states of pilots not yet in the pool
 _NOT_UP = (PilotState.PENDING, PilotState.STARTING)
 
@@ -202,7 +202,7 @@ def add_capacity(sites: dict[str, SiteRow], snapshot: Snapshot, now: float,
     derived: set[tuple[str, int, int, int, int, int, int]] = set()
     # tier by tier: the pilots of each (site, tier) keep the snapshot's order
     for tier, state in enumerate(_TIERS):
-        whole, pending = tier >= _WHOLE, tier == _PENDING
+        whole, pending = tier >= _WHOLE, tier == _PENDING_TIER
         for p in states[state]:
             if whole:
                 c, m, g = p.cpus, p.memory_mb, p.gpus
