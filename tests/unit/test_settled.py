@@ -243,9 +243,9 @@ def test_a_schedd_gone_from_the_roster_is_forgotten() -> None:
     assert memory.memory == {}
 
 
-def test_a_job_materialized_late_is_not_settled() -> None:
-    """A `max_idle` submission materializes jobs later, stamped with the cluster's
-    QDate: their JobMaterializeDate keeps them out of the settled set."""
+def _two_clusters_read() -> tuple[Queue, SettledReads, int]:
+    """Clusters of 10 and 30 jobs, read once (all settled), a minute before now; the
+    first cluster's id."""
     q = Queue()
     c = q.submit(10, 1)
     q.submit(30, 2)
@@ -253,8 +253,20 @@ def test_a_job_materialized_late_is_not_settled() -> None:
     memory = reads()
     read(q, memory)
     q.now += 60
-    q.jobs[c, 10] = ad(ClusterId=c, ProcId=10, JobStatus=1, QDate=T0, EnteredCurrentStatus=T0,
-                       JobMaterializeDate=int(q.now), RequestCpus=1, RequestMemory=777)
+    return q, memory, c
+
+
+def _unstamped(cluster: int, proc: int, **attrs: object) -> classad2.ClassAd:
+    """An idle job of `cluster` whose status is stamped with the cluster's submit time."""
+    return ad(ClusterId=cluster, ProcId=proc, JobStatus=1, QDate=T0, EnteredCurrentStatus=T0,
+              RequestCpus=1, RequestMemory=777, **attrs)
+
+
+def test_a_job_materialized_late_is_not_settled() -> None:
+    """A `max_idle` submission materializes jobs later, stamped with the cluster's
+    QDate: their JobMaterializeDate keeps them out of the settled set."""
+    q, memory, c = _two_clusters_read()
+    q.jobs[c, 10] = _unstamped(c, 10, JobMaterializeDate=int(q.now))
     assert read(q, memory) == q.truth(None)  # read as a fresh one...
     assert memory.last["schedd"].how == "kept" and memory.last["schedd"].reread == 0
     assert memory.memory["schedd"].jobs == 40  # ...not as a settled one
@@ -263,16 +275,9 @@ def test_a_job_materialized_late_is_not_settled() -> None:
 def test_a_join_that_cancels_a_leave_is_seen_by_the_ids() -> None:
     """A job that joins a cluster's settled jobs without a stamp while another leaves:
     the count stays, the last id moves."""
-    q = Queue()
-    c = q.submit(10, 1)
-    q.submit(30, 2)
-    q.now += 120
-    memory = reads()
-    read(q, memory)
-    q.now += 60
+    q, memory, c = _two_clusters_read()
     del q.jobs[c, 3]
-    q.jobs[c, 10] = ad(ClusterId=c, ProcId=10, JobStatus=1, QDate=T0, EnteredCurrentStatus=T0,
-                       RequestCpus=1, RequestMemory=777)
+    q.jobs[c, 10] = _unstamped(c, 10)
     assert read(q, memory) == q.truth(None)
     assert memory.last["schedd"].reread == 1
 
