@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 from conftest import run, slurm
+from faults import assert_completed
 from servicectl import Service, SiteWatch, pilot_ads, pilot_ids, service_dir, write_config
-from test_faults import assert_completed
 from test_loop import clean_pool, gated_jobs_left, submit_gated, wait_for
 
 LIMIT_FILE = Path("/etc/slurm-gsi/job-limit")

@@ -13,8 +13,8 @@ from pathlib import Path
 import htcondor2 as htcondor
 import pytest
 from conftest import run
+from faults import assert_converged
 from servicectl import Service, SiteWatch, job_events, service_dir, write_config
-from test_faults import assert_converged
 from test_loop import (
     ADMIN,
     ALICE,
