@@ -13,6 +13,7 @@ prints the latency breakdown of the first job and what the allocation bought
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import subprocess
@@ -98,10 +99,13 @@ class First:
     tested: dict[str, Any] | None = None  # its ad once its self-test beside the master ended
 
 
-def first_ad() -> dict[str, Any] | None:
-    """The first pilot startd ad in the collector (the earliest to start), if any."""
-    ads = htcondor.Collector().query(htcondor.AdType.Startd,
-                                     constraint="PilotBootMasterStart =!= undefined",
+def first_ad(name: str = "") -> dict[str, Any] | None:
+    """The first pilot startd ad in the collector (the earliest to start), if any; or
+    the one of the slot `name`."""
+    constraint = "PilotBootMasterStart =!= undefined"
+    if name:
+        constraint += f" && Name == {json.dumps(name)}"
+    ads = htcondor.Collector().query(htcondor.AdType.Startd, constraint=constraint,
                                      projection=[*boot.MARKS, "DaemonStartTime",
                                                  "LastHeardFrom", "PilotSlurmJobId",
                                                  "PilotContainerTest", "Name"])
@@ -116,9 +120,8 @@ def step(prov: Provisioner, t_submit: float, first: First) -> bool:
         print(f"  [{time.time() - t_submit:5.0f} s] {cycle.reason}: {line}", flush=True)
     jobs = htcondor.Schedd().query(projection=["JobStatus"])
     if first.ad is not None and first.tested is None:
-        ad = first_ad()
-        if ad and ad.get("Name") == first.ad.get("Name") and not str(
-                ad.get("PilotContainerTest", "")).startswith(RUNNING):
+        ad = first_ad(str(first.ad.get("Name", "")))
+        if ad and not str(ad.get("PilotContainerTest", "")).startswith(RUNNING):
             first.tested = ad
     if first.ad is None:
         first.ad = first_ad()
