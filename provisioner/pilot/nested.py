@@ -70,6 +70,7 @@ class ContainerSteps:
     config: Path
     clock: Callable[[], float]
     ended: threading.Event
+    stopping: bool
     _test_key: dict[str, Any] | None
     _starter_digest: str
     _keep_answer: bool
@@ -97,10 +98,20 @@ class ContainerSteps:
         self._add_config("container support (start-up test)", _lines(self._settings(support)))
         return support
 
-    def enable_containers_later(self) -> ContainerSupport:
-        """The test beside the master, once its startd is ready (its first ad sent: the
-        test's nested container takes CPU the startd's start-up needs): configure by its
-        outcome, reconfigure the startd, then keep the starter's answer (as
+    def enable_containers_later(self) -> ContainerSupport | None:
+        """The test beside the master (a thread's): `_test_beside`; None if that broke
+        off (logged; containers stay off unless the startd reads the passed test's
+        settings at a restart)."""
+        try:
+            return self._test_beside()
+        except Exception as exc:  # spython's errors, OSError: a thread must say why
+            log.warning("the container test beside the master broke off: %s", exc)
+            return None
+
+    def _test_beside(self) -> ContainerSupport:
+        """Once the startd is ready (its first ad sent: the test's nested container takes
+        CPU the startd's start-up needs), run the test, configure by its outcome,
+        reconfigure the startd, then keep the starter's answer (as
         `keep_starter_answer`). A failed test leaves containers off, and says so in the
         ad."""
         self._wait_for_startd()
@@ -147,8 +158,8 @@ class ContainerSteps:
 
     def _reconfigure_startd(self) -> bool:
         """``condor_reconfig`` of the pilot's own startd once it is up (its address file
-        exists); False if the pilot ended first, the startd did not come up within
-        `STARTD_WAIT_S`, or `RECONFIG_TRIES` tries failed."""
+        exists); False if the pilot ended or began to stop first, the startd did not
+        come up within `STARTD_WAIT_S`, or `RECONFIG_TRIES` tries failed."""
         address = self.workdir / "local" / "log" / STARTD_ADDRESS_FILE
         deadline = time.monotonic() + STARTD_WAIT_S
         while not address.is_file():
@@ -158,7 +169,7 @@ class ContainerSteps:
                 return False
         out = ""
         for attempt in range(RECONFIG_TRIES):
-            if attempt and self.ended.wait(2.0 * attempt):
+            if (attempt and self.ended.wait(2.0 * attempt)) or self.stopping:
                 return False
             rc, out = self._in_container(["condor_reconfig", "-daemon", "startd"])
             if rc == 0:

@@ -108,7 +108,7 @@ def test_a_cold_node_starts_the_master_with_containers_off_and_tests_beside(
         f'"{RUNNING}') and "STARTER" not in before
     (pilot.workdir / workfiles.STARTER_CLASSAD_NEW).write_text(ANSWER)  # at the reconfig
     support = pilot.enable_containers_later()
-    assert support.ok
+    assert support is not None and support.ok
     assert node.calls == ["condor_who", "apptainer", "condor_reconfig"]
     text = pilot.config.read_text()
     after = _settings(text)
@@ -149,7 +149,7 @@ def test_a_failed_test_beside_the_master_keeps_containers_off_and_says_so(
     pilot = node.pilot()
     assert pilot.test_later()
     support = pilot.enable_containers_later()
-    assert not support.ok
+    assert support is not None and not support.ok
     after = _settings(pilot.config.read_text())
     assert after["SINGULARITY"] == "" and "STARTER" not in after
     assert after["PilotContainerTest"].startswith('"failed: apptainer exec of')
@@ -178,8 +178,35 @@ def test_a_pilot_that_ends_first_does_not_reconfigure(
     pilot.ended = threading.Event()
     pilot.ended.set()
     monkeypatch.setattr(pilot, "_wait_for_startd", lambda: None)  # no address file then
-    assert pilot.enable_containers_later().ok
+    support = pilot.enable_containers_later()
+    assert support is not None and support.ok
     assert "condor_reconfig" not in node.calls
+
+
+def test_a_pilot_that_began_to_stop_does_not_reconfigure(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    node = Node(tmp_path, monkeypatch)
+    pilot = node.pilot()
+    pilot.test_later()
+    pilot.stopping = True
+    assert pilot.enable_containers_later() is not None
+    assert "condor_reconfig" not in node.calls
+
+
+def test_a_test_beside_that_breaks_off_says_so_and_leaves_containers_off(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+        ) -> None:
+    node = Node(tmp_path, monkeypatch)
+    pilot = node.pilot()
+    pilot.test_later()
+
+    def broken(argv: list[str]) -> tuple[int, str]:
+        raise OSError("apptainer: no such file")
+
+    monkeypatch.setattr(pilot, "_in_container", broken)
+    assert pilot.enable_containers_later() is None
+    assert "broke off" in caplog.text
+    assert _settings(pilot.config.read_text())["SINGULARITY"] == ""
 
 
 def test_the_settings_of_a_pass_are_those_of_a_pass_before_the_master() -> None:
