@@ -10,8 +10,11 @@ read each other's sandbox."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import htcondor2 as htcondor
@@ -249,20 +252,65 @@ def _tested(job: dict[str, object]) -> dict[str, object] | None:
         RUNNING) else None
 
 
+def _processes(match: Callable[[list[bytes], list[bytes]], bool]) -> list[int]:
+    """Processes whose (argv, environment) `match`: every testbed host shares this PID
+    namespace."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if match(argv, env):
+            found.append(int(entry.name))
+    return found
+
+
+def _wrapper_with_its_master(site: str) -> int | None:
+    """The pid of the `site` pilot's wrapper once its master runs (None before)."""
+    wrappers = _processes(lambda argv, env: b"provisioner.pilot.wrapper" in argv
+                          and f"PILOT_SITE={site}".encode() in env)
+    masters = _processes(lambda argv, env: argv[0].endswith(b"condor_master") and any(
+        e.startswith(f"CONDOR_CONFIG=/tmp/pilot-{site}-".encode()) for e in env))
+    return wrappers[0] if len(wrappers) == 1 and masters else None
+
+
+@contextmanager
+def _held(pid: int) -> Iterator[None]:
+    """The process stopped (SIGSTOP) until the block ends."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
 def test_a_cold_pilot_runs_a_plain_job_before_its_container_test_ended_then_containers(
         clean: None) -> None:
     """No pass on the node, no payload image: the master starts before the test, a plain
-    job starts while the test runs; once it passed the startd is reconfigured, advertises
-    containers, and a container job runs. The plain job runs on through the reconfig."""
+    job runs while the test has not ended; once it passed the startd is reconfigured,
+    advertises containers, and a container job runs. The plain job runs on through the
+    reconfig. The wrapper (whose thread runs the test once the startd is ready) is held
+    from its master's start until the plain job runs: the order does not hang on how
+    fast the negotiation is against the test."""
     _cold_nodes()
     prov = Provisioner(service_config())
     plain = submit_gated("ctr-cold-plain", 1, GSI_ONLY)
     container = submit_as("alice", "ctr-cold", PROBE, GSI_ONLY + SEND_EXE
                           + f"container_image = {PAYLOAD}\ntransfer_container = false\n")
-    prov.run_cycle("test")
-    job = wait_for("the plain job running", lambda: _running(plain)
-                   or (prov.run_cycle("test") and None), 180, step=1)
-    assert isinstance(job, dict)
+    wrapper = wait_for("the pilot's master started", lambda: _wrapper_with_its_master("gsi")
+                       or (prov.tick() and None), 180, step=0.1)
+    assert isinstance(wrapper, int)
+    with _held(wrapper):
+        job = wait_for("the plain job running", lambda: _running(plain)
+                       or (prov.tick() and None), 120, step=0.5)
+        assert isinstance(job, dict)
+        ad = _pilot_ad(job)
+        assert ad is not None and str(ad["PilotContainerTest"]).startswith(RUNNING), ad
+        assert ad.get("HasContainer") is not True, ad  # containers never before the test
     ad = wait_for("its pilot's container test ended", lambda: _tested(job), 120, step=0.5)
     assert isinstance(ad, dict)
     assert str(ad["PilotContainerTest"]).startswith("ok: apptainer exec"), ad
