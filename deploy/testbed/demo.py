@@ -13,6 +13,7 @@ prints the latency breakdown of the first job and what the allocation bought
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import subprocess
@@ -28,6 +29,7 @@ import htcondor2 as htcondor
 from provisioner.config import load_config
 from provisioner.errors import BackendError
 from provisioner.pilot import boot
+from provisioner.pilot.containers import RUNNING
 from provisioner.pool.condor import PoolUnreachable
 from provisioner.service.loop import Provisioner, summary_line
 from provisioner.service.report import report
@@ -94,14 +96,19 @@ class First:
     submitted: float | None = None
     started: float | None = None
     ad: dict[str, Any] | None = None
+    tested: dict[str, Any] | None = None  # its ad once its self-test beside the master ended
 
 
-def first_ad() -> dict[str, Any] | None:
-    """The first pilot startd ad in the collector (the earliest to start), if any."""
-    ads = htcondor.Collector().query(htcondor.AdType.Startd,
-                                     constraint="PilotBootMasterStart =!= undefined",
+def first_ad(name: str = "") -> dict[str, Any] | None:
+    """The first pilot startd ad in the collector (the earliest to start), if any; or
+    the one of the slot `name`."""
+    constraint = "PilotBootMasterStart =!= undefined"
+    if name:
+        constraint += f" && Name == {json.dumps(name)}"
+    ads = htcondor.Collector().query(htcondor.AdType.Startd, constraint=constraint,
                                      projection=[*boot.MARKS, "DaemonStartTime",
-                                                 "LastHeardFrom", "PilotSlurmJobId"])
+                                                 "LastHeardFrom", "PilotSlurmJobId",
+                                                 "PilotContainerTest", "Name"])
     return dict(min(ads, key=lambda a: a.get("DaemonStartTime", 0))) if ads else None
 
 
@@ -112,6 +119,10 @@ def step(prov: Provisioner, t_submit: float, first: First) -> bool:
         line = summary_line(cycle).rsplit("; observe", 1)[0]
         print(f"  [{time.time() - t_submit:5.0f} s] {cycle.reason}: {line}", flush=True)
     jobs = htcondor.Schedd().query(projection=["JobStatus"])
+    if first.ad is not None and first.tested is None:
+        ad = first_ad(str(first.ad.get("Name", "")))
+        if ad and not str(ad.get("PilotContainerTest", "")).startswith(RUNNING):
+            first.tested = ad
     if first.ad is None:
         first.ad = first_ad()
         started = [j for b in prov.backends.values() for j in b.list_pilots()
@@ -191,6 +202,10 @@ def main() -> int:
                   max(0.0, first.started - first.submitted))]
         print(boot.table(known + boot.steps(first.ad, first.ad.get("LastHeardFrom"),
                                             first_run)))
+        beside = boot.tested_beside(first.tested) if first.tested else None
+        if beside is not None:
+            print(f"     (the self-test ran beside the master: done {beside:.1f} s after "
+                  "the master's start, then container support was switched on)")
     # One more cycle records the pilots' ends (they just left squeue).
     prov.run_cycle("demo end")
     text, written = report(str(journal), time.time(), out=WORK / "report")

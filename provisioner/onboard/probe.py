@@ -22,6 +22,7 @@ from provisioner.config import Config, SiteConfig
 from provisioner.errors import BackendError
 from provisioner.onboard.nodecheck import PREFIX
 from provisioner.onboard.table import Check, failed, passed, skipped
+from provisioner.pilot.containers import RUNNING
 from provisioner.pilot.script import render_pilot_script
 from provisioner.sites.base import PilotRequest
 from provisioner.sites.slurm_cli import SlurmCliBackend
@@ -205,14 +206,28 @@ class Probe:
         self.rows["reaches the collector"] = passed(
             "reaches the collector", f"{ad.get('Name', '?')} in the pool through CCB", P,
             self.clock() - t1)
-        self.rows["nested-container self-test"] = self._container_row(ad)
+        self.rows["nested-container self-test"] = self._container_row(job_id, ad)
         return True
 
-    def _container_row(self, ad: Mapping[str, Any]) -> Check:
+    def _container_row(self, job_id: str, ad: Mapping[str, Any]) -> Check:
         name = "nested-container self-test"
         if not self.site.runtime.containers:
             return skipped(name, f"runtime.containers is off at sites[{self.index}]", P)
+        t0 = self.clock()
         result = str(ad.get("PilotContainerTest", ""))
+
+        def ended() -> bool:
+            # on a node without a cached pass the test runs beside the master: its
+            # outcome comes in a later ad
+            nonlocal result
+            ads = list(self.ads(self._job_constraint(job_id)))
+            result = str(ads[0].get("PilotContainerTest", "")) if ads else result
+            return not result.startswith(RUNNING)
+
+        if result.startswith(RUNNING) and not self._wait(ended, self.limits.join_s):
+            return failed(name, f"still running after {self.clock() - t0:.0f} s: {result}",
+                          "user namespaces / Apptainer on the worker nodes (see the pilot "
+                          "log)", P)
         if result.startswith("ok"):
             return passed(name, result, P)
         return failed(name, result or "no PilotContainerTest in the ad",

@@ -12,13 +12,16 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
+from provisioner.pilot.containers import RUNNING
+
 #: The wrapper's marks, in order: ad attribute -> what ended there.
 MARKS = {
     "PilotBootSlurmStart": "SLURM started the batch script",
     "PilotBootWrapperStart": "the wrapper runs",
     "PilotBootDelayEnd": "start delay over",
     "PilotBootPrepared": "work directory and configuration written",
-    "PilotBootTested": "nested-container self-test done (or its cached pass read)",
+    "PilotBootTested": "nested-container self-test done (or its cached pass read); after "
+                       "the master's start where the test ran beside it",
     "PilotBootMasterStart": "condor_master started in the container",
 }
 
@@ -71,11 +74,24 @@ def steps(ad: Mapping[str, Any], first_seen: float | None = None,
         ("start delay", gap(t["PilotBootWrapperStart"], t["PilotBootDelayEnd"])),
         ("prepare (work directory, configuration)",
          gap(t["PilotBootDelayEnd"], t["PilotBootPrepared"])),
-        ("nested-container self-test", gap(t["PilotBootPrepared"], t["PilotBootTested"])),
+        ("nested-container self-test (before the master)",
+         gap(t["PilotBootPrepared"], t["PilotBootMasterStart"])),
         ("Apptainer + condor_master -> startd", gap(t["PilotBootMasterStart"], startd)),
         ("startd -> ad in the collector (CCB)", gap(startd, first_seen)),
         ("negotiation -> first job starts", gap(first_seen, first_claim)),
     ]
+
+
+def tested_beside(ad: Mapping[str, Any]) -> float | None:
+    """Seconds after the master's start that the self-test ended where it ran beside
+    the master (container jobs match from a reconfig of the startd just after); None
+    where it ran before the master, or has not ended yet."""
+    tested, master = _num(ad, "PilotBootTested"), _num(ad, "PilotBootMasterStart")
+    if master is None or str(ad.get("PilotContainerTest", "")).startswith(RUNNING):
+        return None
+    if tested is None or tested <= master:
+        return None
+    return tested - master
 
 
 def table(rows: list[tuple[str, float | None]], indent: str = "     ") -> str:

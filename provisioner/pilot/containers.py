@@ -1,14 +1,20 @@
 """Jobs in their own containers on a pilot: HTCondor's native container support,
 switched on only where it works.
 
-At start, before the master runs, the pilot tests the node: inside its own container
-it runs ``apptainer exec`` of an image (the pilot's own image by default) with the
-options the starter will use. Only if that succeeds does the pilot's configuration
-name Apptainer as HTCondor's ``SINGULARITY``; the startd then runs its own launch test
-and advertises ``HasSingularity``, ``HasContainer``, ``HasSIF`` and
-``HasSandboxImage``. If it fails, ``SINGULARITY`` stays unset: the startd advertises
-no container support, container jobs never match this pilot, and the reason is in the
-pilot's log and its ad (``PilotContainerError``).
+At start the pilot tests the node: inside its own container it runs ``apptainer
+exec`` of an image (the pilot's own image by default) with the options the starter
+will use. Only if that succeeds does the pilot's configuration name Apptainer as
+HTCondor's ``SINGULARITY``; the startd then runs its own launch test and advertises
+``HasSingularity``, ``HasContainer``, ``HasSIF`` and ``HasSandboxImage``. If it fails,
+``SINGULARITY`` stays empty: the startd advertises no container support, container
+jobs never match this pilot, and the reason is in the pilot's log and its ad
+(``PilotContainerTest``).
+
+The test runs before the master where a cached pass stands (it is then only read) or
+where every job runs in a container (a site's payload image); elsewhere it runs beside
+the master (`defer_test`): the startd starts with containers off and says so
+(`pending_config`), plain jobs run at once, and container support is switched on once
+the test passed.
 
 Jobs that ask for a container: ``container_image`` (a ``.sif`` file or a directory,
 on a shared path the site binds into pilots or transferred from the submit host) and
@@ -30,6 +36,10 @@ APPTAINER = "/usr/bin/apptainer"
 #: containers: the batch script and the pilot drop them before anything starts.
 LOADER_VARIABLES = tuple(prefix + name for prefix in ("", "SINGULARITYENV_", "APPTAINERENV_")
                          for name in ("LD_AUDIT", "LD_PRELOAD"))
+
+#: How the pilot's ad (``PilotContainerTest``) begins while the test runs beside the
+#: master; "ok: " or "failed: " once it ended.
+RUNNING = "running: "
 
 #: A command in the pilot's container: argv -> (exit status, output).
 Execute = Callable[[list[str]], tuple[int, str]]
@@ -94,3 +104,21 @@ def container_config(support: ContainerSupport, payload_image: str = "",
             f"ifThenElse(isUndefined(TARGET.SingularityImage), "
             f"{config_string(payload_image)}, TARGET.SingularityImage)")
     return settings
+
+
+def defer_test(payload_image: str, cached_pass: bool) -> bool:
+    """Whether the start-up test runs beside the master rather than before it: only
+    where no cached pass stands and the site sets no payload image (with one, every
+    job runs in a container, so none may start before the test has passed)."""
+    return not cached_pass and not payload_image
+
+
+def pending_config(image: str) -> dict[str, str]:
+    """The pilot-local HTCondor settings while the test runs beside the master:
+    ``SINGULARITY`` empty (HTCondor's default names a binary that may exist, and the
+    startd would advertise what nobody tested), and the pilot's ad says the test runs."""
+    return {"SINGULARITY": "",
+            "PilotContainerTest": config_string(
+                f"{RUNNING}apptainer exec of {image or 'no test image'}, beside the "
+                "master; no container jobs until it passed"),
+            "STARTD_ATTRS": "$(STARTD_ATTRS) PilotContainerTest"}

@@ -16,13 +16,13 @@ ended, and why.
 
 Its parts: the parameters and this pilot's HTCondor configuration
 (provisioner.pilot.params), the scripts it writes for its startd, job wrapper and
-root:// transfer plugin (provisioner.pilot.workfiles, shell in pilot/files/), and
-its process watcher (provisioner.pilot.procs).
+root:// transfer plugin (provisioner.pilot.workfiles, shell in pilot/files/), its
+container support, tested before the master or beside it (provisioner.pilot.nested),
+and its process watcher (provisioner.pilot.procs).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
@@ -36,14 +36,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from provisioner.pilot import boot, endrecord, testcache, workfiles
-from provisioner.pilot.containers import (
-    LOADER_VARIABLES,
-    ContainerSupport,
-    container_config,
-    self_test,
-    self_test_argv,
-)
+from provisioner.pilot import boot, endrecord, workfiles
+from provisioner.pilot.containers import LOADER_VARIABLES
+from provisioner.pilot.nested import ContainerSteps
 from provisioner.pilot.params import (
     PilotError,
     PilotParams,
@@ -70,10 +65,6 @@ RETIRE_POLL_S = 1.0
 #: whose master is gone holds the allocation for nothing until SLURM kills it.
 MASTER_POLL_S = 1.0
 CONTAINER_LINGER_S = 20.0
-#: How long the wrapper looks for the starter's first capability answer, to keep it
-#: in the node's record (testcache); the startd asks within seconds of its start.
-STARTER_ANSWER_WAIT_S = 300.0
-STARTER_ANSWER_POLL_S = 0.5
 
 
 def _under(path: str, dirs: tuple[str, ...]) -> bool:
@@ -106,8 +97,9 @@ def prepare(p: PilotParams) -> tuple[Path, Path]:
     return workdir, config
 
 
-class PilotRun:
-    """Runs the master in the container and reacts to SLURM's signals."""
+class PilotRun(ContainerSteps):
+    """Runs the master in the container and reacts to SLURM's signals; its container
+    support is `ContainerSteps`'."""
 
     def __init__(self, params: PilotParams, workdir: Path, config: Path) -> None:
         self.p = params
@@ -169,111 +161,6 @@ class PilotRun:
                   if i and self.p.containers and not _under(i, self.p.bind)]
         return [str(self.workdir), *(f"{d}:{d}:ro" for d in self.p.bind),
                 *(f"{i}:{i}:ro" for i in sorted(images))]
-
-    def enable_containers(self) -> ContainerSupport | None:
-        """Test nested Apptainer on this node; configure the startd by the outcome."""
-        if not self.p.containers:
-            return None
-        support = self._container_test()
-        if not support.ok:
-            log.warning("no container support on this node: %s", support.detail)
-        settings = container_config(support, self.p.payload_image)
-        if support.ok:
-            settings.update(self._starter(settings))
-        with self.config.open("a") as f:
-            f.write("# --- container support (start-up test) ---\n")
-            f.writelines(f"{k} = {v}\n" for k, v in settings.items())
-        return support
-
-    def _container_test(self) -> ContainerSupport:
-        """The start-up test's outcome: a pass of this node's cache (testcache), or the
-        test itself, whose pass is then cached."""
-        image = self.p.container_test_image
-        ttl = self.p.container_test_cache_s
-        cache = testcache.cache_file(self.p.scratch)
-        key = None
-        if ttl > 0 and image:
-            try:
-                key = testcache.node_key(image, self.p.image, self_test_argv(image))
-            except OSError as exc:
-                log.info("container test cache not used: %s", exc)
-        self._test_key = key
-        if key is not None:
-            cached = testcache.lookup(testcache.read_record(cache), key, self.clock(), ttl,
-                                      image)
-            if cached is not None:
-                log.info("container support (start-up test skipped, cached): %s",
-                         cached.detail)
-                return cached
-        support = self_test(self._in_container, image)
-        if support.ok:
-            log.info("container support: %s", support.detail)
-        if support.ok and key is not None:
-            try:
-                testcache.write_record(cache, testcache.new_record(key, self.clock(),
-                                                                   support.seconds))
-            except OSError as exc:
-                log.warning("could not cache the container test in %s: %s", cache, exc)
-        return support
-
-    def _starter(self, settings: dict[str, str]) -> dict[str, str]:
-        """STARTER for a node that runs containers: the work directory's starter
-        (workfiles), which answers the startd's capability query from this node's
-        record when it holds an answer for this configuration, else asks the real
-        starter and leaves its answer for `keep_starter_answer`. {} where no record
-        is kept (the cache is off, or the script is not there)."""
-        script = self.workdir / workfiles.STARTER
-        if self._test_key is None or not script.is_file():
-            return {}
-        try:
-            # the outcome's wording (PilotContainerTest) differs from pilot to pilot
-            # and is no input of the starter's
-            shaping = {k: v for k, v in settings.items() if k != "PilotContainerTest"}
-            self._starter_digest = testcache.config_digest(
-                self.p.condor_config.read_text(), json.dumps(shaping, sort_keys=True))
-            text = testcache.cached_starter_classad(
-                testcache.read_record(testcache.cache_file(self.p.scratch)), self._test_key,
-                self.clock(), self.p.container_test_cache_s, self._starter_digest)
-            if text is not None:
-                answer = self.workdir / workfiles.STARTER_CLASSAD
-                fd = os.open(answer, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                with os.fdopen(fd, "w") as f:
-                    f.write(text)
-                log.info("the starter's capabilities: this node's record (the startd "
-                         "does not run the starter's container tests)")
-            else:
-                self._keep_answer = True
-        except OSError as exc:
-            log.info("the starter's capabilities are not cached: %s", exc)
-            return {}
-        return {"STARTER": str(script)}
-
-    def keep_starter_answer(self) -> None:
-        """Once the real starter has answered the startd's capability query, keep the
-        answer in this node's record (if it still stands for this key) for the next
-        pilot."""
-        new = self.workdir / workfiles.STARTER_CLASSAD_NEW
-        deadline = time.monotonic() + STARTER_ANSWER_WAIT_S
-        while not new.is_file():
-            if self.ended.wait(STARTER_ANSWER_POLL_S) or time.monotonic() > deadline:
-                return
-        cache = testcache.cache_file(self.p.scratch)
-        try:
-            text = new.read_text(errors="replace")
-            if not testcache.starter_classad_ok(text):
-                log.info("the starter's capabilities not kept: its answer does not say "
-                         "that containers work, or is not a plain ClassAd")
-                return
-            record = testcache.read_record(cache)
-            if (record is None or self._test_key is None or not testcache.valid(
-                    record, self._test_key, self.clock(), self.p.container_test_cache_s)):
-                return
-            testcache.write_record(cache, testcache.with_starter_classad(
-                record, self._starter_digest, text))
-        except OSError as exc:
-            log.warning("could not keep the starter's capabilities in %s: %s", cache, exc)
-            return
-        log.info("the starter's capabilities kept in this node's record (%s)", cache)
 
     def _options(self) -> list[str]:
         # --no-home: the pilot account's home (where sites often keep the pilot
@@ -493,8 +380,11 @@ def run_pilot(ending: Ending, started: float) -> int:
         return 2
     marks["PilotBootPrepared"] = time.time()
     pilot = PilotRun(params, workdir, config)
-    pilot.enable_containers()
-    marks["PilotBootTested"] = marks["PilotBootMasterStart"] = time.time()
+    later = pilot.test_later()
+    if not later:
+        pilot.enable_containers()
+        marks["PilotBootTested"] = time.time()
+    marks["PilotBootMasterStart"] = time.time()
     with config.open("a") as f:  # the boot's steps, in the startd's ad
         f.write("# --- boot (provisioner.pilot.boot) ---\n" + boot.config_lines(marks))
     log.info("boot: %s", ", ".join(f"{k[len('PilotBoot'):]} {v - started:+.2f} s"
@@ -504,6 +394,9 @@ def run_pilot(ending: Ending, started: float) -> int:
     signal.signal(signal.SIGUSR1, pilot.on_release)
     signal.signal(RETIRE_SIGNAL, pilot.on_retire)
     signal.signal(UNRETIRE_SIGNAL, pilot.on_unretire)
+    if later:
+        threading.Thread(target=pilot.enable_containers_later, name="container-test",
+                         daemon=True).start()
     try:
         rc = pilot.run()
         ending.reason = pilot.end_reason(rc)

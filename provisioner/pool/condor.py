@@ -58,7 +58,7 @@ GROUP_ATTRS = ["JobStatus", "RemoteHost", "QDate", "VacateReasonCode",
 SLOT_ATTRS = ["Name", "Machine", "PilotSite", "PilotSlurmJobId",
               "PilotWalltimeEnd", "PartitionableSlot", "DynamicSlot", "State", "Activity",
               "Cpus", "Memory", "GPUs", "TotalSlotCpus", "TotalSlotMemory", "TotalSlotGPUs",
-              "Draining",
+              "Draining", "HasContainer",
               "DaemonStartTime", "MyType", "CondorVersion", "Start"]
 
 
@@ -102,6 +102,7 @@ class PilotAd:
     gpus: int = 0  # the partitionable slot's GPUs (TotalSlotGPUs); 0: none advertised
     free_gpus: int = 0  # of which not in a dynamic slot
     started_at: float | None = None  # the startd's DaemonStartTime
+    containers: bool = False  # it advertises container support (HasContainer)
 
     @property
     def key(self) -> str:
@@ -363,6 +364,7 @@ def pilot_ads_of(slot_ads: Iterable[Any]) -> dict[str, PilotAd]:
             gpus=gpus,
             free_gpus=free_gpus,
             started_at=float(daemon_start) if daemon_start > 0 else None,
+            containers=ad.get("HasContainer") is True,
         )
     return out
 

@@ -32,8 +32,12 @@ def ad_busy(ad: PilotAd, running_on: frozenset[str]) -> bool:
 
 
 def idle_ad_keys(ads: Mapping[str, PilotAd]) -> frozenset[str]:
-    """Pilots whose startd ad shows nothing claimed (what the quick check compares)."""
-    return frozenset(k for k, a in ads.items() if a.claimed_slots == 0 and a.free_cpus == a.cpus)
+    """Pilots whose startd ad shows nothing claimed (what the quick check compares). An
+    idle pilot that advertises container support is told apart ("<key> containers"):
+    one whose start-up test ended beside its master (provisioner.pilot.nested) then
+    looks newly idle, and container jobs waiting are negotiated for at once."""
+    return frozenset(f"{k} containers" if a.containers else k for k, a in ads.items()
+                     if a.claimed_slots == 0 and a.free_cpus == a.cpus)
 
 
 def pilot_state(job: SiteJob, ad: PilotAd | None,

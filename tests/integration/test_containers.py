@@ -10,8 +10,11 @@ read each other's sandbox."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import htcondor2 as htcondor
@@ -24,10 +27,13 @@ from test_loop import (
     clean_pool,
     gated_jobs_left,
     jobs_left,
+    submit_gated,
     submit_script,
     wait_for,
 )
 
+from provisioner.pilot import testcache
+from provisioner.pilot.containers import RUNNING
 from provisioner.service.loop import Provisioner
 
 PAYLOAD = "/opt/images/payload.sif"
@@ -38,6 +44,11 @@ GSI_ONLY = '+DesiredSites = "gsi"\nrequirements = PilotSite == "gsi"\n'
 SEND_EXE = "transfer_executable = true\n"
 PROBE = ('echo "in=${APPTAINER_CONTAINER:+container} env=$EXPERIMENT_NAME/$EXPERIMENT_RELEASE '
          'tool=$(exp-info 2>&1)"\n')
+#: The nodes' records (container test passes, starter answers): the pilots' scratch is
+#: $TMPDIR on the nodes, the testbed's one shared /tmp.
+NODE_RECORDS = Path("/tmp") / testcache.CACHE_DIR
+PILOT_BOOT = ["Name", "PilotContainerTest", "HasContainer", "PilotBootMasterStart",
+              "PilotBootTested"]
 
 
 @pytest.fixture
@@ -207,3 +218,139 @@ def test_the_next_pilot_on_a_node_takes_the_starters_answer_from_its_record(
         assert not Path(f"/var/log/pilots/{pilot}@{node}/StarterLog.testing").exists()
         return
     raise AssertionError(f"no two pilots on one node: {first_on}")
+
+
+# --- the start-up test before or beside the master --------------------------------------
+
+
+def _cold_nodes() -> None:
+    """Every node as if no pilot had run there: no pass, no starter answer kept."""
+    for record in NODE_RECORDS.glob("container-test-*.json"):
+        record.unlink()
+
+
+def _running(cluster: str) -> dict[str, object] | None:
+    """The cluster's one job while it runs: where, and since when."""
+    ads = htcondor.Schedd().query(constraint=f"ClusterId == {cluster} && JobStatus == 2",
+                                  projection=["RemoteHost", "JobCurrentStartDate"])
+    return dict(ads[0]) if ads and ads[0].get("JobCurrentStartDate") else None
+
+
+def _pilot_ad(job: dict[str, object]) -> dict[str, object] | None:
+    """The partitionable slot ad of the pilot a running `job` is on."""
+    pilot = str(job["RemoteHost"]).split("@", 1)[1]  # slot1_1@pilot-gsi-7@gsi-n1
+    ads = htcondor.Collector().query(htcondor.AdType.Startd,
+                                     constraint=f'Name == "slot1@{pilot}"',
+                                     projection=PILOT_BOOT)
+    return dict(ads[0]) if ads else None
+
+
+def _tested(job: dict[str, object]) -> dict[str, object] | None:
+    """The pilot's ad once its start-up test has ended (None while it runs)."""
+    ad = _pilot_ad(job)
+    return ad if ad and not str(ad.get("PilotContainerTest", RUNNING)).startswith(
+        RUNNING) else None
+
+
+def _processes(match: Callable[[list[bytes], list[bytes]], bool]) -> list[int]:
+    """Processes whose (argv, environment) `match`: every testbed host shares this PID
+    namespace."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if match(argv, env):
+            found.append(int(entry.name))
+    return found
+
+
+def _wrapper_with_its_master(site: str) -> int | None:
+    """The pid of the `site` pilot's wrapper once its master runs (None before)."""
+    wrappers = _processes(lambda argv, env: b"provisioner.pilot.wrapper" in argv
+                          and f"PILOT_SITE={site}".encode() in env)
+    masters = _processes(lambda argv, env: argv[0].endswith(b"condor_master") and any(
+        e.startswith(f"CONDOR_CONFIG=/tmp/pilot-{site}-".encode()) for e in env))
+    return wrappers[0] if len(wrappers) == 1 and masters else None
+
+
+@contextmanager
+def _held(pid: int) -> Iterator[None]:
+    """The process stopped (SIGSTOP) until the block ends."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def test_a_cold_pilot_runs_a_plain_job_before_its_container_test_ended_then_containers(
+        clean: None) -> None:
+    """No pass on the node, no payload image: the master starts before the test, a plain
+    job runs while the test has not ended; once it passed the startd is reconfigured,
+    advertises containers, and a container job runs. The plain job runs on through the
+    reconfig. The wrapper (whose thread runs the test once the startd is ready) is held
+    from its master's start until the plain job runs: the order does not hang on how
+    fast the negotiation is against the test."""
+    _cold_nodes()
+    prov = Provisioner(service_config())
+    plain = submit_gated("ctr-cold-plain", 1, GSI_ONLY)
+    container = submit_as("alice", "ctr-cold", PROBE, GSI_ONLY + SEND_EXE
+                          + f"container_image = {PAYLOAD}\ntransfer_container = false\n")
+    wrapper = wait_for("the pilot's master started", lambda: _wrapper_with_its_master("gsi")
+                       or (prov.tick() and None), 180, step=0.1)
+    assert isinstance(wrapper, int)
+    with _held(wrapper):
+        job = wait_for("the plain job running", lambda: _running(plain)
+                       or (prov.tick() and None), 120, step=0.5)
+        assert isinstance(job, dict)
+        ad = _pilot_ad(job)
+        assert ad is not None and str(ad["PilotContainerTest"]).startswith(RUNNING), ad
+        assert ad.get("HasContainer") is not True, ad  # containers never before the test
+    ad = wait_for("its pilot's container test ended", lambda: _tested(job), 120, step=0.5)
+    assert isinstance(ad, dict)
+    assert str(ad["PilotContainerTest"]).startswith("ok: apptainer exec"), ad
+    assert "cached" not in str(ad["PilotContainerTest"]), ad
+    tested, started = float(ad["PilotBootTested"]), float(job["JobCurrentStartDate"])
+    assert tested > float(ad["PilotBootMasterStart"]), ad  # beside the master
+    assert started < tested, (job, ad)  # the plain job did not wait for the test
+    wait_for("its pilot advertising containers", lambda: (_pilot_ad(job) or {}).get(
+        "HasContainer") is True, 60, step=0.5)
+    drive(prov, [container], 180)
+    out = (ALICE / "out" / "ctr-cold" / "0.out").read_text().strip()
+    assert out == "in=container env=example/2025.1 tool=example 2025.1", out
+    ran = next(iter(htcondor.Schedd().history(
+        f"ClusterId == {container}", ["MachineAttrPilotContainerTest0"], 1)))
+    assert str(ran.get("MachineAttrPilotContainerTest0", "")).startswith("ok: "), ran
+    # the reconfig did not touch the job that ran through it
+    wait_for("the plain job done", lambda: gated_jobs_left(plain) == 0, 90, step=1)
+    assert_clean_completion("ctr-cold-plain", 1)
+
+
+def test_a_cold_pilot_of_a_site_with_a_payload_image_tests_before_any_job(
+        clean: None) -> None:
+    """With a payload image every job runs in a container: the test runs before the
+    master even on a node without a pass, and no job starts before it ended."""
+    _cold_nodes()
+    config = service_config()
+    gsi = next(s for s in config.sites if s.name == "gsi")
+    runtime = gsi.runtime.model_copy(update={"payload_image": PAYLOAD})
+    sites = [s.model_copy(update={"runtime": runtime}) if s.name == "gsi" else s
+             for s in config.sites]
+    prov = Provisioner(config.model_copy(update={"sites": sites}))
+    plain = submit_gated("ctr-cold-payload", 1, GSI_ONLY)
+    prov.run_cycle("test")
+    job = wait_for("the job running", lambda: _running(plain)
+                   or (prov.run_cycle("test") and None), 180, step=1)
+    assert isinstance(job, dict)
+    ad = _tested(job)
+    assert ad is not None, "the job runs on a pilot whose container test had not ended"
+    assert str(ad["PilotContainerTest"]).startswith("ok: apptainer exec"), ad
+    assert "cached" not in str(ad["PilotContainerTest"]), ad
+    assert float(ad["PilotBootTested"]) <= float(ad["PilotBootMasterStart"]), ad
+    assert float(job["JobCurrentStartDate"]) >= int(float(ad["PilotBootTested"])), (job, ad)
+    wait_for("the job done", lambda: gated_jobs_left(plain) == 0, 90, step=1)

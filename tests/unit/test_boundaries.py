@@ -11,6 +11,7 @@ from provisioner.model import JobShape, PilotState
 from provisioner.pilot.params import PilotError, local_config, params_from_env
 from provisioner.pilot.script import render_pilot_script
 from provisioner.pool.condor import pilot_ads_of, queue_view, startd_of
+from provisioner.pool.pilot_view import idle_ad_keys
 from provisioner.service.loop import merge_pilots, pilot_state
 from provisioner.sites.base import PilotRequest, SiteJob, SiteJobState
 from provisioner.sites.slurm_cli import STATE_TABLE, SlurmCliBackend, parse_squeue
@@ -122,6 +123,18 @@ def test_pilot_ads_fold_dynamic_slots_into_their_pilot() -> None:
     job = SiteJob("7", SiteJobState.RUNNING, 4, 7800, submitted_at=3000.0, started_at=3990.0,
                   ends_at=None)
     assert merge_pilots("gsi", [job], ads, frozenset())[0].joined_at == 4000.0
+
+
+def test_an_idle_pilot_that_starts_to_offer_containers_looks_newly_idle() -> None:
+    def keys(**attrs: object) -> frozenset[str]:
+        return idle_ad_keys(pilot_ads_of([slot("slot1@pilot-gsi-7@node1",
+                                               PartitionableSlot=True, **attrs)]))
+
+    testing = keys(Cpus=4, Memory=7800, HasContainer=False)
+    tested = keys(Cpus=4, Memory=7800, HasContainer=True)
+    assert testing == {"gsi/7"} and tested == {"gsi/7 containers"}
+    assert tested - testing  # the quick check's "pilot became idle": a negotiation
+    assert keys(Cpus=3, Memory=7288, HasContainer=True) == frozenset()  # busy: not idle
 
 
 @pytest.mark.parametrize(("slurm", "ad_attrs", "running_on", "expected"), [

@@ -168,6 +168,26 @@ def test_a_probe_that_joins_is_released_then_cancelled_and_its_ad_gone() -> None
     assert rows["cleaned up"].ok
 
 
+def test_a_probe_whose_container_test_runs_beside_its_master_waits_for_the_outcome(
+        ) -> None:
+    clock = Clock()
+    slurm = FakeSlurm(clock, lambda t, cancelled: "" if cancelled else "RUNNING|None")
+    slurm.node_output = NODE_OUTPUT.replace('"ok": false', '"ok": true')
+    running = {"Name": "pilot-frankfurt-42@fra-n1",
+               "PilotContainerTest": "running: apptainer exec of /p.sif, beside the master"}
+    tested = {**running, "PilotContainerTest": "ok: apptainer exec of /p.sif: 4.0 s"}
+
+    def ads(constraint: str) -> list[dict[str, str]]:
+        if any("--signal=USR1" in a for a in slurm.calls):
+            return []
+        return [] if clock() < 15 else [running] if clock() < 30 else [tested]
+
+    rows = {r.name: r for r in probe(slurm, clock, ads).run()}
+    assert rows["reaches the collector"].seconds == 15
+    assert rows["nested-container self-test"].ok
+    assert rows["nested-container self-test"].found == "ok: apptainer exec of /p.sif: 4.0 s"
+
+
 def test_the_probe_script_is_the_real_one_plus_node_checks_and_no_jobs() -> None:
     slurm = FakeSlurm(Clock(), lambda t, c: "")
     script = probe(slurm, Clock(), lambda c: []).request().script

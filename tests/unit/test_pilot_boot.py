@@ -48,11 +48,23 @@ def test_steps_from_an_ad_and_what_the_pool_saw() -> None:
     rows = dict(boot.steps(ad, first_seen=105.0, first_claim=106.0))
     assert rows["SLURM start -> wrapper (batch script, Python)"] == pytest.approx(0.4)
     assert rows["start delay"] == 0.0
-    assert rows["nested-container self-test"] == pytest.approx(0.1)
+    assert rows["nested-container self-test (before the master)"] == pytest.approx(0.1)
     assert rows["Apptainer + condor_master -> startd"] == pytest.approx(1.4)
     assert rows["startd -> ad in the collector (CCB)"] == 3.0
     assert rows["negotiation -> first job starts"] == 1.0
     assert "total" in boot.table(list(rows.items()))
+
+
+def test_a_self_test_beside_the_master_is_off_the_path_and_told_apart() -> None:
+    ad = {"PilotBootPrepared": 100.5, "PilotBootMasterStart": 100.5, "PilotBootTested": 104.0,
+          "PilotContainerTest": "ok: apptainer exec of /p.sif: 3.5 s"}
+    rows = dict(boot.steps(ad))
+    assert rows["nested-container self-test (before the master)"] == 0.0
+    assert boot.tested_beside(ad) == pytest.approx(3.5)
+    running = {**ad, "PilotContainerTest": "running: apptainer exec of /p.sif, beside ..."}
+    assert boot.tested_beside(running) is None
+    assert boot.tested_beside({**ad, "PilotBootTested": 100.4}) is None  # before the master
+    assert boot.tested_beside({k: v for k, v in ad.items() if k != "PilotBootTested"}) is None
 
 
 def test_unknown_times_are_shown_as_unknown_not_zero() -> None:
