@@ -696,3 +696,58 @@ def test_worker_link_cut_while_a_job_runs_there(service: Service) -> None:
             wait_for(f"{host} resumed", lambda: _node_usable(site, host), 60, step=2)
         assert_converged(service, watch)
     assert_completed("linkcut", 2, may_requeue=True)
+
+
+#: The gated jobs of the node-down test: gsi only (one pilot of 4 cores there), so that
+#: all four run on the pilot SLURM kills, and the next pilot is gsi's too.
+GSI_ONLY = '+DesiredSites = "gsi"\nrequirements = PilotSite == "gsi"\n'
+#: From a pilot's end in SLURM to its jobs running on the next one: the service sees the
+#: pilot gone, submits another (a few cycles), it starts and its startd joins, and the
+#: jobs are matched (negotiation every 10 s). HTCondor 23.9's schedd keeps a job whose
+#: cool-down ended from the negotiator for up to 20 minutes in a quiet queue.
+RUN_AGAIN_WITHIN_S = 240
+
+
+def test_pilot_killed_by_slurm_right_after_its_jobs_started(service: Service) -> None:
+    # SLURM declares the pilot's node down seconds after its 4 jobs began to execute and
+    # kills the batch job: each starter loses its ProcD and ends its job with a starter
+    # error of its own (1007), well within the failed-start window. That is no failed
+    # start: the jobs get no cool-down (23.9's schedd would not offer them again before it
+    # rebuilt its runnable list, up to 20 minutes, while the next pilot waits unclaimed:
+    # "Got NO_MORE_JOBS" in the NegotiatorLog) and run again on the next pilot.
+    cluster = submit_gated("nodedown", 4, GSI_ONLY)
+    with SiteWatch() as watch:
+        service.start()
+        running = wait_for("4 jobs running", lambda: len(_running_on(cluster)) == 4 and
+                           _running_on(cluster), 180, step=0.5)
+        [startd] = set(running)  # type: ignore[call-overload]
+        name, host = startd.split("@")
+        job = name.removeprefix("pilot-").rsplit("-", 1)[1]
+        slurm("gsi", ["scontrol", "update", f"nodename={host}", "state=down",
+                      "reason=test-node-down"])
+        try:
+            wait_for("the pilot gone from SLURM", lambda: job not in pilot_ids("gsi"), 60,
+                     step=1)
+            idle = wait_for("the jobs idle again", lambda: [
+                ad for ad in htcondor.Schedd().query(
+                    constraint=f"ClusterId == {cluster} && JobStatus == 1",
+                    projection=["ProcId", "VacateReasonCode", "VacateReason",
+                                "NumJobCoolDowns", "JobCoolDownExpiration"])
+                if "VacateReasonCode" in ad], 120, step=0.5)
+            print(f"vacated: {[dict(ad) for ad in idle]}")  # type: ignore[attr-defined]
+            assert not [ad for ad in idle if "NumJobCoolDowns" in ad], idle  # type: ignore[attr-defined]
+            again = wait_for("the 4 jobs running on the next pilot", lambda: (
+                len(r := _running_on(cluster)) == 4 and startd not in r and r),
+                RUN_AGAIN_WITHIN_S, step=1)
+            assert startd not in again  # type: ignore[operator]
+            cooled = htcondor.Schedd().query(
+                constraint=f"ClusterId == {cluster} && NumJobCoolDowns > 0",
+                projection=["ProcId"])
+            assert not cooled, cooled
+        finally:
+            slurm("gsi", ["scontrol", "update", f"nodename={host}", "state=resume"],
+                  check=False)
+        wait_for(f"{host} back in SLURM", lambda: _node_usable("gsi", host), 120, step=2)
+        wait_for("all jobs done", lambda: gated_jobs_left(cluster) == 0, 120, step=2)
+        assert_converged(service, watch)
+    assert_completed("nodedown", 4, may_requeue=True)
