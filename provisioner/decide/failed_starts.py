@@ -15,8 +15,9 @@ job after the third; until then the job is idle and is retried, and the last coo
 keeps it from starting before the hold. A job evicted for any other reason (pilot
 walltime, release, lost node), or ended by a starter error after it ran longer than
 the window, is not failing; nor is one whose pilot was killed under it (SLURM ends the
-batch job: the starter loses its ProcD, the pilot's process tracker, and ends with a 1007
-of its own saying so, `PILOT_LOST`), however soon after the start.
+batch job: a starter that outlives the pilot's other daemons for a moment ends with a 1007
+of its own, that it lost the pilot's process tracker or its startd, `PILOT_LOST`), however
+soon after the start.
 
 The reports (`provisioner.decide.stuck`, `provisioner status`) give this as the cause, instead of
 "idle beside an unclaimed pilot"; a job in its cool-down is not demand (no pilot can start
@@ -25,6 +26,7 @@ it, and it will be held).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -38,10 +40,11 @@ STARTER_ERROR = 1007
 #: job began to execute failed at start (why this long: the comment there).
 FAILED_START_WITHIN_S = 60
 #: PROVISIONER_PILOT_LOST of the pool's policy (condor_config; a unit test keeps the two
-#: equal): the starter's own error when the pilot is killed under it, e.g. "unable to
-#: restart the ProcD after several tries", "ProcD has failed"
-#: (src/condor_utils/proc_family_proxy.cpp).
-PILOT_LOST = "ProcD"
+#: equal), a regular expression: the starter's own error when the pilot is killed under
+#: it: it lost the pilot's process tracker ("unable to restart the ProcD after several
+#: tries", "ProcD has failed": src/condor_utils/proc_family_proxy.cpp) or its startd
+#: ("FAILED TO SEND INITIAL KEEP ALIVE TO OUR PARENT": daemon_keep_alive.cpp).
+PILOT_LOST = "ProcD|KEEP ALIVE TO OUR PARENT"
 #: The job attributes read for it (added to the queue query's projection).
 START_ATTRS = ("VacateReasonCode", "VacateReason", "JobCurrentStartDate",
                "JobCurrentStartExecutingDate", "LastVacateTime", "NumJobCoolDowns",
@@ -71,8 +74,8 @@ def failed_at_start(start_date: int, executing_date: int, vacate_time: int,
 
 def pilot_lost(vacate_reason: str) -> bool:
     """Whether the starter's error says the pilot was killed under the job (it lost its
-    ProcD), as the pool's PROVISIONER_PILOT_LOST decides it."""
-    return PILOT_LOST in vacate_reason
+    ProcD or its startd), as the pool's PROVISIONER_PILOT_LOST decides it."""
+    return re.search(PILOT_LOST, vacate_reason) is not None
 
 
 def start_failure(vacate_code: int, vacate_reason: str, start_date: int,

@@ -78,6 +78,12 @@ OOM = "Error from slot1_1@pilot-gsi-8@node1: Worker node is out of memory"
 #: seen in the testbed: the node set down 10 s after the job began to execute).
 PROCD_LOST = ("Error from slot1_1@pilot-gsi-5@gsi-n1: unable to restart the ProcD after "
               "several tries")
+#: The same when the starter finds its startd gone (a real 23.9 ad, the node set down
+#: right after the jobs began to execute).
+STARTD_LOST = ("Error from slot1_1@pilot-gsi-1@gsi-n1: FAILED TO SEND INITIAL KEEP ALIVE TO "
+               "OUR PARENT <10.10.1.11:39143?CCBID=10.10.0.10:9618%3faddrs%3d10.10.0.10-9618"
+               "%26alias%3dcm%26noUDP%26sock%3dcollector#1&PrivNet=gsi-n1&addrs=10.10.1.11-"
+               "39143&alias=gsi-n1&noUDP&sock=startd_1675_7d39>")
 #: What the shadow sets when a pilot ends, is released or is lost (never a failed start).
 NORMAL_EVICTIONS = {1000: "PERIODIC_VACATE", 1001: "system policy vacate",
                     1002: "shadow exception", 1003: "Problem preparing job to run",
@@ -368,12 +374,14 @@ def test_a_starter_error_after_the_job_ran_is_not_a_failed_start(
 
 
 @pytest.mark.parametrize("reason", [PROCD_LOST, "Error from slot1_1@pilot-gsi-5@gsi-n1: "
-                                    "ProcD has failed"], ids=["restart", "failed"])
+                                    "ProcD has failed", STARTD_LOST],
+                         ids=["procd-restart", "procd-failed", "startd"])
 @pytest.mark.parametrize("executed_for", [None, 0, 10, FAILED_START_WITHIN_S])
 def test_a_pilot_killed_under_its_jobs_is_never_a_failed_start(
         knobs: dict[str, str], reason: str, executed_for: int | None) -> None:
     """SLURM kills the pilot (a node declared down, a cancel) soon after its jobs began
-    to execute: the starter loses its ProcD and ends with a 1007 of its own. No cool-down
+    to execute: the starter loses its ProcD or its startd and ends with a 1007 of its
+    own. No cool-down
     (HTCondor 23.9's schedd would not offer the job again before its runnable list is
     rebuilt: up to 20 minutes beside an idle pilot), never held, however often."""
     job = Job(knobs, image=None)
