@@ -14,7 +14,10 @@ same rule) counts these starts as schedd cool-downs (`NumJobCoolDowns`) and hold
 job after the third; until then the job is idle and is retried, and the last cool-down
 keeps it from starting before the hold. A job evicted for any other reason (pilot
 walltime, release, lost node), or ended by a starter error after it ran longer than
-the window, is not failing.
+the window, is not failing; nor is one whose pilot was killed under it (SLURM ends the
+batch job: a starter that outlives the pilot's other daemons for a moment ends with a 1007
+of its own, that it lost the pilot's process tracker or its startd, `PILOT_LOST`), however
+soon after the start.
 
 The reports (`provisioner.decide.stuck`, `provisioner status`) give this as the cause, instead of
 "idle beside an unclaimed pilot"; a job in its cool-down is not demand (no pilot can start
@@ -23,6 +26,7 @@ it, and it will be held).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -35,6 +39,12 @@ STARTER_ERROR = 1007
 #: keeps the two equal): a try vacated by a starter error at most this long after the
 #: job began to execute failed at start (why this long: the comment there).
 FAILED_START_WITHIN_S = 60
+#: PROVISIONER_PILOT_LOST of the pool's policy (condor_config; a unit test keeps the two
+#: equal), a regular expression: the starter's own error when the pilot is killed under
+#: it: it lost the pilot's process tracker ("unable to restart the ProcD after several
+#: tries", "ProcD has failed": src/condor_utils/proc_family_proxy.cpp) or its startd
+#: ("FAILED TO SEND INITIAL KEEP ALIVE TO OUR PARENT": daemon_keep_alive.cpp).
+PILOT_LOST = "ProcD|KEEP ALIVE TO OUR PARENT"
 #: The job attributes read for it (added to the queue query's projection).
 START_ATTRS = ("VacateReasonCode", "VacateReason", "JobCurrentStartDate",
                "JobCurrentStartExecutingDate", "LastVacateTime", "NumJobCoolDowns",
@@ -62,6 +72,12 @@ def failed_at_start(start_date: int, executing_date: int, vacate_time: int,
     return never_executed or briefly
 
 
+def pilot_lost(vacate_reason: str) -> bool:
+    """Whether the starter's error says the pilot was killed under the job (it lost its
+    ProcD or its startd), as the pool's PROVISIONER_PILOT_LOST decides it."""
+    return re.search(PILOT_LOST, vacate_reason) is not None
+
+
 def start_failure(vacate_code: int, vacate_reason: str, start_date: int,
                   executing_date: int, vacate_time: int, cool_downs: int,
                   cool_down_until: int) -> StartFailure | None:
@@ -69,9 +85,9 @@ def start_failure(vacate_code: int, vacate_reason: str, start_date: int,
     if its last try did not fail at start. The count is the schedd's cool-downs (the
     pool's policy counts failed starts so); without them (a pool without the policy),
     only the last try is known to have failed: NumJobStarts cannot tell, the starter
-    counts these tries as starts."""
-    if vacate_code != STARTER_ERROR or not failed_at_start(start_date, executing_date,
-                                                           vacate_time):
+    counts these tries as starts. A pilot killed under the job is not a failed start."""
+    if vacate_code != STARTER_ERROR or pilot_lost(vacate_reason) or not failed_at_start(
+            start_date, executing_date, vacate_time):
         return None
     return StartFailure(max(1, cool_downs), vacate_reason, float(max(0, cool_down_until)))
 

@@ -1,5 +1,6 @@
 """Faults of pilots and their nodes in the multi-host testbed, each survived with
-nothing lost: a pilot killed under a running job, a hung container, a pilot reaching its
+nothing lost: a pilot killed under a running job, a pilot killed by SLURM (its node
+set down) right after its jobs started, a hung container, a pilot reaching its
 walltime, a site whose pilots die at start, a pilot drained by the site's admin, a worker
 node's link cut (faults.py: what every fault test checks; test_faults.py: faults of the
 service and the pool).
@@ -34,9 +35,11 @@ from servicectl import (
 )
 from test_loop import (
     ALICE,
+    GATE_SECONDS,
     clean_pool,
     gated_jobs_left,
     jobs_left,
+    open_gates,
     submit_gated,
     submit_script,
     submits_in,
@@ -343,3 +346,80 @@ def test_worker_link_cut_while_a_job_runs_there(service: Service) -> None:
             wait_for(f"{host} resumed", lambda: _node_usable(site, host), 60, step=2)
         assert_converged(service, watch)
     assert_completed("linkcut", 2, may_requeue=True)
+
+
+#: The gated jobs of the node-down test: gsi only (one pilot of 4 cores there), so that
+#: all four run on the pilot SLURM kills, and the next pilots are gsi's too.
+GSI_ONLY = '+DesiredSites = "gsi"\nrequirements = PilotSite == "gsi"\n'
+#: From a pilot's end in SLURM to its jobs running on the next one: the jobs go idle (at
+#: once, or after their 30 s lease), the service submits a pilot, it starts and its
+#: startd joins, and the jobs are matched (negotiation every 10 s). HTCondor 23.9's
+#: schedd keeps a job whose cool-down ended from the negotiator for up to 20 minutes in a
+#: queue where nothing else goes idle.
+RUN_AGAIN_WITHIN_S = 240
+
+
+def _payloads_on(host: str) -> int:
+    """How many gated jobs' payloads (their `sleep`) run on testbed host `host`."""
+    count = 0
+    for pid in pilot_processes(host):
+        with contextlib.suppress(OSError):
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            count += argv[:2] == [b"sleep", str(GATE_SECONDS).encode()]
+    return count
+
+
+def test_pilot_killed_by_slurm_right_after_its_jobs_started(service: Service) -> None:
+    # SLURM declares the pilot's node down seconds after its 4 jobs began to execute and
+    # kills the batch job. A starter that outlives the pilot's other daemons a moment ends
+    # its job with a starter error of its own (1007: it lost the ProcD or its startd),
+    # well within the failed-start window; one killed at once leaves its job to its
+    # lease. Neither is a failed start: no cool-down (23.9's schedd would not offer the
+    # job again before it rebuilt its runnable list, up to 20 minutes, while the next
+    # pilot waits unclaimed: "Got NO_MORE_JOBS" in the NegotiatorLog), and every job runs
+    # again on the next pilot(s).
+    cluster = submit_gated("nodedown", 4, GSI_ONLY)
+    with SiteWatch() as watch:
+        service.start()
+        running = wait_for("4 jobs running", lambda: len(running_on(cluster)) == 4 and
+                           running_on(cluster), 180, step=0.5)
+        [startd] = set(running)  # type: ignore[call-overload]
+        name, host = startd.split("@")
+        job = name.removeprefix("pilot-").rsplit("-", 1)[1]
+        wait_for("their 4 payloads executing", lambda: _payloads_on(host) == 4, 60, step=0.3)
+        slurm("gsi", ["scontrol", "update", f"nodename={host}", "state=down",
+                      "reason=test-node-down"])
+        try:
+            wait_for("the pilot gone from SLURM", lambda: job not in pilot_ids("gsi"), 60,
+                     step=1)
+            idle = wait_for("the jobs idle again", lambda: htcondor.Schedd().query(
+                constraint=f"ClusterId == {cluster} && JobStatus == 1 && "
+                "VacateReasonCode =!= undefined",
+                projection=["ProcId", "VacateReasonCode", "VacateReason",
+                            "NumJobCoolDowns", "JobCoolDownExpiration"]), 120, step=0.5)
+            print(f"vacated: {[dict(ad) for ad in idle]}")  # type: ignore[attr-defined]
+            # Each job runs again on another pilot (or has run and ended: gates opened,
+            # so that a next pilot sized to the jobs idle at its submission makes room).
+            ran: set[int] = set()
+
+            def all_ran_again() -> bool:
+                open_gates()
+                ads = htcondor.Schedd().query(constraint=f"ClusterId == {cluster}",
+                                              projection=["ProcId", "JobStatus",
+                                                          "RemoteHost"])
+                left = {int(ad["ProcId"]) for ad in ads}
+                ran.update(int(ad["ProcId"]) for ad in ads if ad["JobStatus"] == 2 and
+                           not str(ad.get("RemoteHost", "")).endswith(f"@{startd}"))
+                ran.update(set(range(4)) - left)  # gone from the queue: it ran
+                return len(ran) == 4
+            wait_for("every job run again on the next pilot(s)", all_ran_again,
+                     RUN_AGAIN_WITHIN_S, step=1)
+            cooled = [dict(ad) for ad in idle if "NumJobCoolDowns" in ad]  # type: ignore[attr-defined]
+            assert not cooled, f"a killed pilot's jobs put into a cool-down: {cooled}"
+        finally:
+            slurm("gsi", ["scontrol", "update", f"nodename={host}", "state=resume"],
+                  check=False)
+        wait_for(f"{host} back in SLURM", lambda: _node_usable("gsi", host), 120, step=2)
+        wait_for("all jobs done", lambda: gated_jobs_left(cluster) == 0, 120, step=2)
+        assert_converged(service, watch)
+    assert_completed("nodedown", 4, may_requeue=True)

@@ -69,6 +69,14 @@ def test_a_starter_error_before_the_job_really_ran_is_a_failed_start_and_nothing
         assert start_failure(code, "x", 200, 205, 206, 1, 0) is None, code
         assert start_failure(code, "x", 200, 0, 201, 1, 0) is None, code
     assert start_failure(1007, ERROR, 0, 0, 0, 0, 0) is None  # never started
+    # the pilot killed under the job (the starter lost its ProcD or its startd): not a
+    # failed start
+    for lost in ("Error from slot1_1@pilot-gsi-5@gsi-n1: unable to restart the ProcD after "
+                 "several tries", "Error from slot1_1@pilot-gsi-5@gsi-n1: ProcD has failed",
+                 "Error from slot1_1@pilot-gsi-1@gsi-n1: FAILED TO SEND INITIAL KEEP ALIVE TO "
+                 "OUR PARENT <10.10.1.11:39143?sock=startd_1675_7d39>"):
+        assert start_failure(1007, lost, 200, 205, 206, 0, 0) is None
+        assert start_failure(1007, lost, 200, 0, 201, 1, 210) is None
     assert cause(ERROR).startswith("Singularity test failed:FATAL:")
     assert cause("plain text: here") == "plain text: here"
 

@@ -37,7 +37,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from provisioner.decide.failed_starts import FAILED_START_WITHIN_S
+from provisioner.decide.failed_starts import FAILED_START_WITHIN_S, PILOT_LOST
 from provisioner.pool.condor import failure_of
 
 classad = pytest.importorskip("classad2")
@@ -53,6 +53,7 @@ NEVER_EXECUTED = "(JobCurrentStartExecutingDate ?: 0) < (JobCurrentStartDate ?: 
 EXECUTED_BRIEFLY = ("((JobCurrentStartExecutingDate ?: 0) > 0 && (LastVacateTime ?: 0) >= "
                     "JobCurrentStartExecutingDate && LastVacateTime - "
                     f"JobCurrentStartExecutingDate <= {FAILED_START_WITHIN_S})")
+NOT_PILOT_LOST = f'!regexp("{PILOT_LOST}", VacateReason ?: "")'
 #: From the execute event to the failure of a start that fails in the starter's container
 #: test or the job wrapper (the real history ad: 1 s).
 FAILS_AFTER_S = 1
@@ -73,6 +74,16 @@ NO_EXE = ("Error from slot1_1@pilot-gsi-8@node1: Failed to execute '/home/alice/
 WRAPPER_NO_EXE = ("Error from slot1_1@pilot-gsi-8@node1: The job wrapper failed to execute "
                   "the job: executable /home/alice/gone.sh does not exist on this worker node")
 OOM = "Error from slot1_1@pilot-gsi-8@node1: Worker node is out of memory"
+#: The starter's own error when SLURM kills the pilot under a running job (HTCondor 23.9,
+#: seen in the testbed: the node set down 10 s after the job began to execute).
+PROCD_LOST = ("Error from slot1_1@pilot-gsi-5@gsi-n1: unable to restart the ProcD after "
+              "several tries")
+#: The same when the starter finds its startd gone (a real 23.9 ad, the node set down
+#: right after the jobs began to execute).
+STARTD_LOST = ("Error from slot1_1@pilot-gsi-1@gsi-n1: FAILED TO SEND INITIAL KEEP ALIVE TO "
+               "OUR PARENT <10.10.1.11:39143?CCBID=10.10.0.10:9618%3faddrs%3d10.10.0.10-9618"
+               "%26alias%3dcm%26noUDP%26sock%3dcollector#1&PrivNet=gsi-n1&addrs=10.10.1.11-"
+               "39143&alias=gsi-n1&noUDP&sock=startd_1675_7d39>")
 #: What the shadow sets when a pilot ends, is released or is lost (never a failed start).
 NORMAL_EVICTIONS = {1000: "PERIODIC_VACATE", 1001: "system policy vacate",
                     1002: "shadow exception", 1003: "Problem preparing job to run",
@@ -216,7 +227,8 @@ def test_the_policy_is_named_and_composes_with_the_registry_hold(knobs: dict[str
 def test_the_pool_and_the_service_use_one_rule_and_one_window(knobs: dict[str, str]) -> None:
     assert int(knobs["PROVISIONER_FAILED_START_WITHIN_S"]) == FAILED_START_WITHIN_S
     rule = knobs[START_FAILED]
-    assert rule == f"(VacateReasonCode =?= 1007 && ({NEVER_EXECUTED} || {EXECUTED_BRIEFLY}))"
+    assert rule == (f"(VacateReasonCode =?= 1007 && {NOT_PILOT_LOST} && ({NEVER_EXECUTED} || "
+                    f"{EXECUTED_BRIEFLY}))")
     assert rule in knobs[NAME] and rule in knobs["SYSTEM_ON_VACATE_COOL_DOWN"]
 
 
@@ -359,6 +371,30 @@ def test_a_starter_error_after_the_job_ran_is_not_a_failed_start(
         careless.now += 10
         held.append(careless.periodic())
     assert held == [False, False, True]
+
+
+@pytest.mark.parametrize("reason", [PROCD_LOST, "Error from slot1_1@pilot-gsi-5@gsi-n1: "
+                                    "ProcD has failed", STARTD_LOST],
+                         ids=["procd-restart", "procd-failed", "startd"])
+@pytest.mark.parametrize("executed_for", [None, 0, 10, FAILED_START_WITHIN_S])
+def test_a_pilot_killed_under_its_jobs_is_never_a_failed_start(
+        knobs: dict[str, str], reason: str, executed_for: int | None) -> None:
+    """SLURM kills the pilot (a node declared down, a cancel) soon after its jobs began
+    to execute: the starter loses its ProcD or its startd and ends with a 1007 of its
+    own. No cool-down
+    (HTCondor 23.9's schedd would not offer the job again before its runnable list is
+    rebuilt: up to 20 minutes beside an idle pilot), never held, however often."""
+    job = Job(knobs, image=None)
+    for _ in range(4):
+        job.attempt(1007, reason, executed_for)
+        assert not job.failed_at_start()
+        assert not job.periodic() and job.runnable()
+    assert "NumJobCoolDowns" not in job.ad and "JobCoolDownExpiration" not in job.ad
+    # the clause matters: without it, each kill is a cool-down and the third a hold
+    careless = Job(without(knobs, NOT_PILOT_LOST, "true"), image=None)
+    assert careless.fail_times(3, reason, executed_for) == [False, False, True]
+    # a real failed start still counts after such kills
+    assert job.fail_times(3, executed_for=executed_for) == [False, False, True]
 
 
 def test_a_released_job_gets_three_tries_again_and_runs_once_fixed(knobs: dict[str, str]
