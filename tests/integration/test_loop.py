@@ -472,19 +472,39 @@ def negotiator_interval(seconds: int) -> Iterator[None]:
         restarted("negotiator", "NegotiatorLog")
 
 
-def test_a_pilot_that_joins_while_jobs_wait_asks_for_a_negotiation(service: Path) -> None:
+def _negotiation_since(mark: int) -> bool:
+    """Whether the negotiator has started and finished a cycle since its log was `mark`
+    bytes long."""
+    text = log_since(LOGS["cm"] / "NegotiatorLog", mark)
+    started = text.find("Started Negotiation Cycle")
+    return started >= 0 and "Finished Negotiation Cycle" in text[started:]
+
+
+def test_a_pilot_that_joins_while_jobs_wait_asks_for_a_negotiation(
+        clean: None, tmp_path: Path) -> None:
     """The service reads the pilots' ads every join_check_s while they join; when one
     is in the pool, idle, while jobs wait, it asks the schedd for a negotiation (which
     the schedd accepts from the provisioner's identity) instead of leaving the jobs to
     the negotiator's next cycle. That cycle is an hour away here, so the jobs run only
-    if the service asks (with the testbed's 10 s cycle the negotiator sometimes matched
-    them before the service saw the pilot idle)."""
+    if the service asks. The submission asks for a negotiation of its own (the schedd
+    passes it on at its next queue scan, up to SCHEDD_INTERVAL later): the service
+    starts once that negotiation is over, so a pilot that boots in seconds cannot join
+    in time for it (it did, and the jobs ran without the service's request)."""
     before = SCHEDD_LOG.stat().st_size
+    svc = Service(write_config(service_dir()), tmp_path / "service.log")
     with negotiator_interval(3600):
+        mark = (LOGS["cm"] / "NegotiatorLog").stat().st_size
         cluster = submit("joined", 2, 5)
-        wait_for("both jobs done", lambda: jobs_left(cluster) == 0, 180, step=2)
+        wait_for("the negotiation the submission asked for", lambda: _negotiation_since(mark),
+                 60, step=0.2)
+        svc.start()
+        try:
+            wait_for("both jobs done", lambda: jobs_left(cluster) == 0, 180, step=2)
+        finally:
+            svc.stop()
+            print(f"--- service log ---\n{svc.text()}")
     assert_clean_completion("joined", 2)
-    assert "negotiation asked for" in service.read_text(), service.read_text()
+    assert "negotiation asked for" in svc.text(), svc.text()
     with SCHEDD_LOG.open() as f:
         f.seek(before)
         log = f.read()
