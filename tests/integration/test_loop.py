@@ -279,15 +279,32 @@ def test_jobs_run_on_pilots_at_both_sites_then_pilots_are_released(
     # Pilots at both sites within two cycles of the first submission (gsi is capped
     # at one 4-core pilot): the demand is placed across sites, not one site per cycle.
     wait_for("pilots at both sites", lambda: all(all_pilot_jobs().values()), 120)
-    lines = cycle_lines(service)
-    first = next(i for i, line in enumerate(lines) if submits_in(line))
-    both = " ".join(line.split("actions:")[1] for line in lines[first:first + 2])
-    assert "at gsi" in both and "at frankfurt" in both, lines
+
+    def across_sites() -> bool:
+        """Whether the first two cycles from the first that submitted, once logged (a
+        cycle's line comes after its sbatch and journal commit), submitted at both."""
+        lines = cycle_lines(service)
+        first = next((i for i, line in enumerate(lines) if submits_in(line)), len(lines))
+        both = " ".join(line.split("actions:")[1] for line in lines[first:first + 2])
+        return "at gsi" in both and "at frankfurt" in both
+
+    wait_for("the cycles that submitted at both sites logged", across_sites, 30, step=0.5)
     wait_for("all 8 jobs done", lambda: jobs_left(cluster) == 0, 240, step=2)
     assert_clean_completion("eight", 8)
     # Queue empty: each pilot is flagged in one cycle, released in a later one.
     wait_for("all pilots gone from squeue", lambda: not any(all_pilot_jobs().values()), 120)
-    log = "\n".join(cycle_lines(service))
+
+    def releases_logged() -> str:
+        """The cycle lines once they show a release at each site, of every pilot
+        flagged (a pilot leaves squeue before its cycle's line is written)."""
+        log = "\n".join(cycle_lines(service))
+        released = set(re.findall(r"release (\w+/\d+)", log))
+        done = ({k.split("/")[0] for k in released} == set(SITES)
+                and released >= set(re.findall(r"flag (\w+/\d+)", log)))
+        return log if done else ""
+
+    log = wait_for("the releases logged", releases_logged, 30, step=0.5)
+    assert isinstance(log, str)
     flagged = re.findall(r"flag (\w+/\d+)", log)
     released = re.findall(r"release (\w+/\d+)", log)
     assert set(released) >= {k for k in flagged}, log
