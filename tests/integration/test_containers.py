@@ -32,6 +32,7 @@ from test_loop import (
     wait_for,
 )
 
+from provisioner.config import Config
 from provisioner.pilot import testcache
 from provisioner.pilot.containers import RUNNING
 from provisioner.service.loop import Provisioner
@@ -146,14 +147,20 @@ def test_two_users_on_one_pilot_cannot_see_or_signal_each_others_jobs(clean: Non
     assert host[0].split("host:")[1].strip() in bob_log, "the two jobs ran on different pilots"
 
 
-def test_a_sites_default_payload_image_runs_jobs_that_name_none(clean: None) -> None:
-    """`runtime.payload_image`: jobs without an image of their own run in the site's."""
+def _gsi_payload_image() -> Config:
+    """The testbed's configuration with gsi's default payload image set
+    (`runtime.payload_image`: every job there runs in a container)."""
     config = service_config()
     gsi = next(s for s in config.sites if s.name == "gsi")
     runtime = gsi.runtime.model_copy(update={"payload_image": PAYLOAD})
     sites = [s.model_copy(update={"runtime": runtime}) if s.name == "gsi" else s
              for s in config.sites]
-    prov = Provisioner(config.model_copy(update={"sites": sites}))
+    return config.model_copy(update={"sites": sites})
+
+
+def test_a_sites_default_payload_image_runs_jobs_that_name_none(clean: None) -> None:
+    """`runtime.payload_image`: jobs without an image of their own run in the site's."""
+    prov = Provisioner(_gsi_payload_image())
     plain = submit_as("alice", "ctr-default", PROBE, GSI_ONLY)
     drive(prov, [plain], 240)
     out = (ALICE / "out" / "ctr-default" / "0.out").read_text().strip()
@@ -336,12 +343,7 @@ def test_a_cold_pilot_of_a_site_with_a_payload_image_tests_before_any_job(
     """With a payload image every job runs in a container: the test runs before the
     master even on a node without a pass, and no job starts before it ended."""
     _cold_nodes()
-    config = service_config()
-    gsi = next(s for s in config.sites if s.name == "gsi")
-    runtime = gsi.runtime.model_copy(update={"payload_image": PAYLOAD})
-    sites = [s.model_copy(update={"runtime": runtime}) if s.name == "gsi" else s
-             for s in config.sites]
-    prov = Provisioner(config.model_copy(update={"sites": sites}))
+    prov = Provisioner(_gsi_payload_image())
     plain = submit_gated("ctr-cold-payload", 1, GSI_ONLY)
     prov.run_cycle("test")
     job = wait_for("the job running", lambda: _running(plain)

@@ -10,8 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 from conftest import SITES, run, slurm
-from servicectl import Service, service_dir, write_config
-from test_loop import clean_pool, gated_jobs_left, submit_gated, wait_for
+from faults import running_service
+from servicectl import Service
+from test_loop import gated_jobs_left, submit_gated, wait_for
 
 from provisioner.config import PlacementConfig
 
@@ -20,15 +21,8 @@ DEFAULT_BOOT_S = PlacementConfig().default_boot_s
 
 @pytest.fixture
 def service() -> Iterator[Service]:
-    clean_pool()
-    directory = service_dir()
-    svc = Service(write_config(directory), directory / "service.log")
-    try:
+    with running_service() as svc:
         yield svc
-    finally:
-        svc.stop()
-        print(f"--- service log ({svc.log}) ---\n{svc.text()}")
-        clean_pool()
 
 
 def _number(value: object) -> float | None:
