@@ -217,7 +217,9 @@ class PolicyConfig(_Model):
     #: read this often (one collector query), and a pilot seen idle that was not before
     #: asks the schedd for a negotiation at once (condor_reschedule) rather than waiting
     #: for the negotiator's next cycle (NEGOTIATOR_INTERVAL, 60 s by default). 0: off.
-    join_check_s: float = Field(default=2, ge=0)
+    #: Every second by default: a joined pilot waits half a second on average to be
+    #: seen (one query of the pilots' ads a second, only while pilots join).
+    join_check_s: float = Field(default=1, ge=0)
     #: Cycles an idle pilot without demand or reserve is seen idle before it is released
     #: (1: at the first; 2: flagged, then released at the next quick check if still idle).
     #: Jobs expected soon are the reserve's business, not this hysteresis'.

@@ -113,7 +113,7 @@ def first_ad(name: str = "") -> dict[str, Any] | None:
 
 
 def step(prov: Provisioner, t_submit: float, first: First) -> bool:
-    """One second of the demo: a quick check (maybe a cycle), progress, the end test."""
+    """One tick of the demo: the service's check (maybe a cycle), progress, the end test."""
     cycle = prov.tick()
     if cycle is not None:
         line = summary_line(cycle).rsplit("; observe", 1)[0]
@@ -167,7 +167,10 @@ def main() -> int:
     first = First()
     done = False
     deadline = time.time() + TIMEOUT_S
+    # ticks as the service's timer does: every join_check_s (or quick_check_s)
+    period = config.policy.join_check_s or config.policy.quick_check_s
     while time.time() < deadline:
+        began = time.time()
         try:
             finished = step(prov, t_submit, first)
         except (PoolUnreachable, BackendError) as exc:  # a hiccup: the next step retries
@@ -176,7 +179,7 @@ def main() -> int:
         if finished:
             done = True
             break
-        time.sleep(1)
+        time.sleep(max(0.0, began + period - time.time()))
     if not done:
         print(f"demo: not finished after {TIMEOUT_S} s", file=sys.stderr)
         return 1
