@@ -133,6 +133,7 @@ class Controller:
     probed_at: float | None = None  # when it was taken
     seen_idle: frozenset[str] = frozenset()  # idle pilots a negotiation was asked for
     asked_at: float | None = None  # when a negotiation was last asked for
+    held_for: CycleMark | None = None  # the mark after which a cycle was held for one
     reasks: int = 0  # asked again since, for pilots still idle beside waiting jobs
     history: QueueHistory = field(init=False)
     estimates: Estimates = field(init=False)
@@ -197,9 +198,28 @@ class Controller:
 
     # -- cadence -----------------------------------------------------------------------
     def due(self, now: float, probe: Probe) -> str:
-        """Why a full cycle is due at `now` given the cheap `probe`, or ""."""
+        """Why a full cycle is due at `now` given the cheap `probe`, or "". A pilot that
+        became idle while jobs wait brings no cycle within a quick check of a
+        negotiation asked for (`reschedule_due`, `negotiating`); the first quick check
+        after that runs it if the pilot is still idle. Held back once per cycle."""
         previous, self.probed, self.probed_at = self.probed, probe, now
-        return cycle_due(now, probe, self.mark, self.config.policy, previous)
+        reason = cycle_due(now, probe, self.mark, self.config.policy, previous)
+        if (reason == "pilot became idle" and self.held_for is not self.mark
+                and self.negotiating(now, probe)):
+            self.held_for = self.mark  # once per cycle: pilots that keep joining
+            return ""                  # must not hold the cycle back for good
+        return reason
+
+    def negotiating(self, now: float, probe: Probe) -> bool:
+        """Whether the negotiation asked for last (`reschedule_due`) may still be placing
+        `probe`'s waiting jobs: asked for less than a quick check ago (less `SLACK`).
+        A cycle then would read the queue while the schedd claims the new pilot: its
+        jobs still idle (they turn running only once their shadows start), the pilot
+        already busy, so the waiting jobs would look unplaced and bring one more
+        pilot (seen in the testbed once the claim came within 0.2 s of the ad)."""
+        quick = self.config.policy.quick_check_s
+        return (probe.idle_jobs > 0 and self.asked_at is not None
+                and now - self.asked_at < quick * (1 - SLACK))
 
     # -- pilots joining --------------------------------------------------------------------
     def look(self, now: float) -> str:

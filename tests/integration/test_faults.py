@@ -156,16 +156,29 @@ def _decided_nothing_for_pilots(lines: list[str]) -> None:
             assert f"{verb} " not in actions, line
 
 
+def _only_busy_pilots(cluster: str) -> bool:
+    """Whether every pilot in the sites' queues runs jobs of `cluster` (none pending,
+    starting or idle)."""
+    busy = {name.split("@", 1)[0] for name in running_on(cluster)}
+    pilots = {f"pilot-{site}-{job}" for site in SITES for job in pilot_ids(site)}
+    return bool(pilots) and pilots <= busy
+
+
 def test_collector_restarted_while_jobs_run(service: Service) -> None:
     """A restarted collector has no pilot ads until each startd's next update: the
     pool is half visible. Pilots the schedd runs jobs on are busy, not starting
     capacity, and nothing is decided for them. The window is held open by stopping
-    the startds (SIGSTOP) until the service has seen it in two cycles."""
+    the startds (SIGSTOP) until the service has seen it in two cycles. Every pilot
+    is busy by then: a pilot still on its way, or idle beside the others' jobs (its
+    jobs went to a pilot that joined first), would come up on its own, or be stopped
+    while idle, and rightly be decided for."""
     cluster = submit_gated("restart-collector", 4)
     stopped: list[int] = []
     with SiteWatch() as watch:
         service.start()
         wait_for("jobs running", lambda: len(running_on(cluster)) >= 2, 120)
+        wait_for("every pilot running jobs (an idle one released)",
+                 lambda: _only_busy_pilots(cluster), 180, step=1)
         try:
             stopped = [pid for s in SITES for h in WORKERS[s] for pid in _startds(h)]
             assert stopped, "no pilot startd found"

@@ -2,7 +2,8 @@
 client proxy plugin into every job's environment at a site with a cache, so a plain
 `xrdcp root://origin//file`, the Python XRootD client and HTCondor's own transfer of
 root:// input files all read through the cache; a job can opt out. Checked against
-the cache's and the origin's own records."""
+the cache's and the origin's own records. Other URLs go through HTCondor's curl
+plugin, the one the pilot keeps beside its own root:// plugin."""
 
 from __future__ import annotations
 
@@ -181,3 +182,16 @@ def test_xcache_url_and_bench_read_through_the_cache(
               host="fra-n1", check=False)
     assert bad.returncode == 1, bad
     assert "wrong bytes in the block at offset 3145728" in bad.stderr, bad.stderr
+
+
+def test_other_url_input_files_go_through_the_curl_plugin(prov: Provisioner) -> None:
+    """The pilot lists only the curl and data transfer plugins (condor_config/pilot.conf;
+    the others cost every pilot's start and need a credd): a file:// input is fetched
+    by curl on the worker. A plugin missing from the list would leave the job idle (its
+    Requirements ask the slot for the method): the run times out."""
+    script = 'grep "^ID=" "$_CONDOR_SCRATCH_DIR/os-release"\n'
+    cluster = submit_script("url-file", script, 1, AT_GSI + (
+        "should_transfer_files = YES\ntransfer_input_files = file:///etc/os-release\n"))
+    run_jobs(prov, cluster)
+    out = (ALICE / "out" / "url-file" / "0.out").read_text()
+    assert out.startswith("ID="), out

@@ -15,6 +15,7 @@ from provisioner.config import ConfigError, PolicyConfig, parse_config
 from provisioner.decide.cadence import Probe
 from provisioner.decide.controller import MAX_REASKS, REASK_S, Controller
 from provisioner.model import Demand, JobShape, PilotState
+from provisioner.service.ticker import tick
 from tests.unit.test_service_act import idle_ad, make_world, running_job
 
 from .helpers import NOW, config, pilot, snap
@@ -78,6 +79,80 @@ def test_pilots_still_idle_beside_waiting_jobs_are_asked_for_again_a_few_times()
     both = idle | {"gsi/2"}
     assert c.reschedule_due(both, 3, NOW + 600)
     assert c.reschedule_due(both, 3, NOW + 600 + REASK_S)
+
+
+class _Senses:
+    """What the tick sequence reads: the probes given, in order; negotiations counted."""
+
+    def __init__(self, *probes: Probe) -> None:
+        self.probes, self.asked = list(probes), 0
+
+    def probe(self) -> Probe:
+        return self.probes.pop(0)
+
+    def idle_pilots(self) -> frozenset[str]:
+        return self.probes[0].idle_pilots
+
+    def reschedule(self) -> None:
+        self.asked += 1
+
+    def observe(self, now: float, since: float | None) -> object:
+        raise AssertionError("no full cycle is read here")
+
+
+def _joining() -> Controller:
+    """A controller whose last cycle (at NOW) submitted a pilot for 3 waiting jobs."""
+    c = joined_controller()
+    c.due(NOW, c_probe(3))
+    c.cycle(snap([(ONE, 3)]), NOW)
+    assert c.mark is not None and c.mark.joining == 1
+    return c
+
+
+def test_a_pilot_joining_beside_waiting_jobs_brings_a_negotiation_not_a_cycle() -> None:
+    """A cycle while the schedd claims the new pilot would read its jobs still idle
+    beside it already busy, and submit one more pilot for them: the quick check that
+    asks for the negotiation runs none; the next one does if the pilot stayed idle."""
+    quick = config().policy.quick_check_s
+    joined = frozenset({"gsi/1"})
+    c, senses = _joining(), _Senses(c_probe(3, joined), c_probe(3, joined))
+    done = tick(c, senses, NOW + quick)
+    assert (done.look, done.reason, senses.asked) == ("probe", "", 1)
+    # still idle a quick check later (its jobs did not match it): now the cycle
+    done = tick(c, senses, NOW + 2 * quick)
+    assert (done.reason, senses.asked) == ("pilot became idle", 1)
+
+
+def test_a_pilot_that_took_the_waiting_jobs_brings_no_cycle_after_the_negotiation(
+        ) -> None:
+    quick = config().policy.quick_check_s
+    c = _joining()
+    senses = _Senses(c_probe(3, frozenset({"gsi/1"})), c_probe(0))
+    assert tick(c, senses, NOW + quick).reason == ""
+    assert tick(c, senses, NOW + 2 * quick).reason in ("", "queue emptied")
+    assert senses.asked == 1
+
+
+def test_a_pilot_asked_for_at_a_join_check_is_left_to_its_negotiation_until_the_next(
+        ) -> None:
+    """The join check asks for the negotiation; a quick check right after reads the
+    pilot still idle (the claim under way) and waits one more quick check."""
+    quick = config().policy.quick_check_s
+    joined = frozenset({"gsi/1"})
+    c = _joining()
+    assert c.reschedule_due(joined, None, NOW + quick - 1)  # the join check asks
+    assert c.due(NOW + quick, c_probe(3, joined)) == ""
+    assert c.due(NOW + 2 * quick, c_probe(3, joined)) == "pilot became idle"
+
+
+def test_a_pilot_idle_with_nothing_waiting_brings_its_cycle_at_once() -> None:
+    """Nothing waits: no negotiation is asked for, and the cycle that releases idle
+    pilots is not held back."""
+    quick = config().policy.quick_check_s
+    c = _joining()
+    c.reschedule_due(frozenset({"gsi/1"}), 3, NOW + 1)  # asked for, then the jobs left
+    senses = _Senses(c_probe(0, frozenset({"gsi/1"})))
+    assert tick(c, senses, NOW + quick).reason in ("pilot became idle", "queue emptied")
 
 
 def test_join_check_cannot_be_slower_than_the_quick_check() -> None:
