@@ -28,6 +28,13 @@ HERE = Path(__file__).resolve().parent
 INTEGRATION = HERE / "integration"
 TABLE = INTEGRATION / "durations.tsv"
 DEFAULT_MIN = 2.0
+#: The table's head, written with every table from a log (not read back from the table:
+#: `--from-log LOG > durations.tsv` empties that file before this reads it).
+HEADER = """\
+# Minutes each integration file took in the last measured full run (`make test
+# PYTEST_ARGS=--durations=0`, summed per file; setup and teardown included).
+# tests/shards.py splits the files between the testbeds of `make test` on these.
+"""
 
 
 def measured(table: Path = TABLE) -> dict[str, float]:
@@ -78,11 +85,9 @@ def from_log(text: str) -> str:
         if found:
             name = found.group(2)
             seconds[name] = seconds.get(name, 0.0) + float(found.group(1))
-    head = TABLE.read_text().split("\n")
-    comments = [line for line in head if line.startswith("#")]
     rows = [f"{name}\t{total / 60:.1f}" for name, total in
             sorted(seconds.items(), key=lambda kv: (-kv[1], kv[0]))]
-    return "\n".join([*comments, *rows]) + "\n"
+    return HEADER + "\n".join(rows) + "\n"
 
 
 def main(argv: list[str]) -> int:

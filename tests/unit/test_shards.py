@@ -65,3 +65,16 @@ def test_the_table_from_a_make_test_log_sums_each_files_phases() -> None:
            "[testbed 1] PASSED src/tests/integration/test_c.py::test_w\n")
     rows = [line for line in shards.from_log(log).splitlines() if not line.startswith("#")]
     assert rows == ["test_a.py\t1.5", "test_b.py\t0.1"]
+
+
+def test_a_table_from_a_log_keeps_its_head_when_written_over_the_table(tmp_path: Path) -> None:
+    """`--from-log LOG > durations.tsv`: the shell empties the table before the script
+    runs, so the head cannot come from it."""
+    log = ("[testbed 1] 90.00s call     src/tests/integration/test_a.py::test_x\n"
+           "[testbed 2] 30.00s setup    src/tests/integration/test_b.py::test_y\n"
+           "[testbed 1] 30.00s teardown src/tests/integration/test_a.py::test_x\n")
+    text = shards.from_log(log)
+    assert text.startswith(shards.HEADER) and "durations=0" in shards.HEADER
+    table = tmp_path / "durations.tsv"
+    table.write_text(text)
+    assert shards.measured(table) == {"test_a.py": 2.0, "test_b.py": 0.5}
