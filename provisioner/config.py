@@ -253,6 +253,12 @@ class PolicyConfig(_Model):
     placement: PlacementConfig = PlacementConfig()
     breaker: BreakerConfig = BreakerConfig()
 
+    @property
+    def tick_s(self) -> float:
+        """The service's timer period: the join check's, or the quick check's when the
+        join check is off (each tick sees which check is due)."""
+        return self.join_check_s or self.quick_check_s
+
     @model_validator(mode="after")
     def _join_check_within_quick_check(self) -> PolicyConfig:
         if self.join_check_s > self.quick_check_s:

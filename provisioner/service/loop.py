@@ -506,8 +506,7 @@ def run_forever(prov: Provisioner) -> None:
             log.exception("cycle failed; the next one runs as scheduled")
 
     policy = prov.config.policy
-    # the quick check's period, or the join check's (tick() sees which is due)
-    sched.add_job(job, "interval", seconds=policy.join_check_s or policy.quick_check_s,
+    sched.add_job(job, "interval", seconds=policy.tick_s,
                   max_instances=1, coalesce=True, id=TICK_JOB)
     log.info("provisioner %s: %d site(s), interval %.0f s, quick check %.0f s",
              prov.config.pool.provisioner_id, len(prov.config.sites),
