@@ -44,6 +44,8 @@ from test_loop import (
     wait_for,
 )
 
+from provisioner.pool.pilot_view import runs_jobs
+
 
 @pytest.fixture
 def service() -> Iterator[Service]:
@@ -159,9 +161,9 @@ def _decided_nothing_for_pilots(lines: list[str]) -> None:
 def _only_busy_pilots(cluster: str) -> bool:
     """Whether every pilot in the sites' queues runs jobs of `cluster` (none pending,
     starting or idle)."""
-    busy = {name.split("@", 1)[0] for name in running_on(cluster)}
-    pilots = {f"pilot-{site}-{job}" for site in SITES for job in pilot_ids(site)}
-    return bool(pilots) and pilots <= busy
+    busy = frozenset(running_on(cluster))
+    pilots = [(site, job) for site in SITES for job in pilot_ids(site)]
+    return bool(pilots) and all(runs_jobs(site, job, busy) for site, job in pilots)
 
 
 def test_collector_restarted_while_jobs_run(service: Service) -> None:
