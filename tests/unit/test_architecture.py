@@ -31,10 +31,11 @@ IO_MODULES = frozenset({
     "htcondor", "htcondor2", "classad", "classad2", "pyslurm", "spython", "XRootD",
     "prometheus_client", "apscheduler", "jinja2", "yaml", "matplotlib",
 })
-#: What decide/ may import from the rest of the package: the shared data.
+#: What decide/ may import from the rest of the package: the shared data (the
+#: configuration package as a whole; its loading module reads files).
 DECIDE_MAY_IMPORT = frozenset({"provisioner.config", "provisioner.model", "provisioner.errors"})
 #: The only modules directly in provisioner/ (but __init__.py).
-TOP_LEVEL = frozenset({"cli.py", "config.py", "model.py", "errors.py"})
+TOP_LEVEL = frozenset({"cli.py", "model.py", "errors.py"})
 
 
 @dataclass(frozen=True)
