@@ -54,8 +54,12 @@ build_image() {  # name, base tree
         mv "$work/$name.sif" "$sif.tmp"
         mv "$sif.tmp" "$sif"
         rm -rf "$work"
-        find /opt/images -name "$name-*.sif" ! -name "$name-$key.sif" -delete
+        # Other keys' images may belong to a testbed still up from another
+        # checkout or rootfs (the cache is shared): only those unused
+        # for a week go.
+        find /opt/images -name "$name-*.sif" ! -name "$name-$key.sif" -mtime +7 -delete
     fi
+    touch "$sif"  # its mtime is its last use: what the clean-up above reads
     ln -sfn "$sif" "/opt/images/$name.sif"
 }
 build_image pilot /opt/testbed/pilot-base
