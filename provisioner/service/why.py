@@ -37,7 +37,7 @@ OK, MALFORMED, NO_SUCH_JOB, UNREADABLE = 0, 2, 3, 4
 JOB_ID = re.compile(r"^(\d+)(?:\.(\d+))?$")
 #: Hold subcode of the pool's failed-start policy (condor_config/central-manager.conf).
 FAILED_STARTS_SUBCODE = 1007
-_PATH = re.compile(r"(?:[a-z]+://)?(?<![\w<])/[^\s:;,'\")]+")
+_PATH = re.compile(r"[a-z][a-z0-9+.-]*://[^\s;,'\")]+|(?<![\w<])/[^\s:;,'\")]+")
 _STATES = {1: "idle", 2: "running", 3: "removed", 4: "completed", 5: "held",
            6: "transferring output", 7: "suspended"}
 

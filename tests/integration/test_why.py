@@ -1,0 +1,121 @@
+"""`provisioner why` as alice on the submit host, against the real service's status ad
+(issue 39): a job no site can run names the largest offer, an ordinary job its pilot,
+a job of a shape only a site at its submission limit can run the limit, and a stopped
+service its silence. Bad input: a malformed id, a job that does not exist, another
+user's job (no paths shown). Each answer's text is printed (`pytest -s` shows them)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from collections.abc import Callable, Iterator
+
+import pytest
+from conftest import run
+from servicectl import Service, pilot_ids, service_dir, write_config
+from test_limits import LIMIT_FILE, limited  # noqa: F401 (a fixture)
+from test_loop import clean_pool, gated_jobs_left, submit_gated, submit_script, wait_for
+
+WHY = "/opt/venv/bin/provisioner"
+TERA_MB = 1024 * 1024
+
+
+def why(*args: str, user: str = "alice") -> subprocess.CompletedProcess[str]:
+    """`provisioner why ARGS` as `user` (no configuration, no token: the pool's READ)."""
+    return run([WHY, "why", *args], user=user, check=False, cwd=f"/home/{user}")
+
+
+def answers(job: str, user: str = "alice") -> dict[str, dict]:  # type: ignore[type-arg]
+    """job id -> its JSON answer."""
+    res = why("--json", job, user=user)
+    assert res.returncode == 0, res.stderr
+    return {a["job"]: a for a in json.loads(res.stdout)["answers"]}
+
+
+def saying(job: str, pattern: str, user: str = "alice") -> Callable[[], str | None]:
+    """A poll: `why JOB`'s text once it matches `pattern`."""
+    def poll() -> str | None:
+        res = why(job, user=user)
+        return res.stdout if res.returncode == 0 and re.search(pattern, res.stdout) else None
+    return poll
+
+
+@pytest.fixture
+def service() -> Iterator[Service]:
+    clean_pool()
+    directory = service_dir()
+    svc = Service(write_config(directory), directory / "service.log")
+    svc.start()
+    try:
+        yield svc
+    finally:
+        svc.stop()
+        clean_pool()
+
+
+def test_why_tells_alice_what_the_provisioner_does(service: Service) -> None:
+    big = submit_script("why-tera", "true\n", 1, extra=f"request_memory = {TERA_MB}\n")
+    ordinary = submit_gated("why-ordinary", 1)
+    text = wait_for("the 1 TB job's reason", saying(big, "no site offers"), 60)
+    print(f"--- why {big} (1 TB) ---\n{text}")
+    assert f"{big}.0 (alice, idle): 1 core, 1 TB" in str(text)
+    assert re.search(r"no site offers 1 TB per job; the largest is (gsi|frankfurt)'s 7.6 GB",
+                     str(text)), text
+    text = wait_for("the ordinary job's pilot", saying(
+        ordinary, r"pending at|starting at|Running on pilot"), 90, step=0.5)
+    print(f"--- why {ordinary} (while its pilot comes) ---\n{text}")
+    text = wait_for("the ordinary job running", saying(ordinary, "Running on pilot"), 180)
+    print(f"--- why {ordinary} (running) ---\n{text}")
+    site, job_id = re.search(r"Running on pilot (\w+)/(\d+) since \d\d:\d\d",
+                             str(text)).groups()  # type: ignore[union-attr]
+    assert job_id in pilot_ids(site), (site, job_id, text)
+    a = answers(ordinary)[f"{ordinary}.0"]
+    assert a["reason"] == "running" and a["params"]["site"] == site
+    # bad input: one clear line, a status scripts can test
+    res = why("12x")
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "'12x'" in res.stderr
+    res = why("999999")
+    assert res.returncode == 3 and "no job 999999 in the queue" in res.stderr, res.stderr
+    print(f"--- why 12x / why 999999 ---\n{why('12x').stderr}{res.stderr}")
+    # another user's job: its reason, none of its paths
+    res = why(big, user="bob")
+    print(f"--- why {big} as bob ---\n{res.stdout}")
+    assert res.returncode == 0 and "no site offers 1 TB" in res.stdout
+    assert "/home/alice" not in why("--json", big, user="bob").stdout
+    # the service stopped: its last word, and how old it is
+    service.stop()
+    text = wait_for("the staleness", saying(big, "has not reported for"), 60)
+    print(f"--- why {big} (service stopped) ---\n{text}")
+    assert "what it last said: no site offers 1 TB" in str(text)
+    wait_for("the gated job done", lambda: gated_jobs_left(ordinary) == 0, 60, step=1)
+
+
+def _limited_gsi(data: dict) -> None:  # type: ignore[type-arg]
+    """gsi's own caps above the account's limit (SLURM's bites first), frankfurt out."""
+    for s in data["sites"]:
+        if s["name"] == "gsi":
+            s["caps"] = {"max_pilots": 4, "max_pending": 4, "max_submit_per_cycle": 4}
+
+
+def test_a_site_at_its_submission_limit(limited: None) -> None:  # noqa: F811
+    LIMIT_FILE.write_text("1\n")
+    clean_pool()
+    directory = service_dir()
+    svc = Service(write_config(directory, _limited_gsi), directory / "service.log")
+    gsi_only = 'request_cpus = 4\n+DesiredSites = "gsi"\n'
+    first = submit_gated("why-limit-1", 1, extra=gsi_only)
+    svc.start()
+    try:
+        wait_for("the first job running", saying(first, "Running on pilot gsi/"), 180)
+        second = submit_gated("why-limit-2", 1, extra=gsi_only)
+        text = wait_for("the limit", saying(second, "at its submission limit"), 120)
+        print(f"--- why {second} (gsi at its limit) ---\n{text}")
+        assert re.search(r"gsi is at its submission limit \(1 jobs?, \w+\); waiting for a "
+                         r"pilot there to end", str(text)), text
+        a = answers(second)[f"{second}.0"]
+        assert a["reason"] == "site_limit" and a["shape"]["cores"] == 4
+    finally:
+        svc.stop()
+        print(f"--- service log ---\n{svc.text()}")
+        clean_pool()
