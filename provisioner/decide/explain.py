@@ -57,7 +57,6 @@ class Report:
     pool_known: bool
     shapes: tuple[ShapeEntry, ...] = ()
     left_out: int = 0  # shapes beyond MAX_SHAPES, not reported
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
     def entry(self, key: str) -> ShapeEntry | None:
         return next((e for e in self.shapes if e.key == key), None)

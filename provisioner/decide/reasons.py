@@ -47,10 +47,6 @@ class Reason(StrEnum):
     DONE = "done"  # completed or removed, still in the queue
 
 
-#: The reasons that mean no pilot will come for the job until something changes.
-BLOCKED = frozenset({Reason.NO_SITE, Reason.REQUIREMENTS, Reason.STUCK,
-                     Reason.HELD_FAILED_STARTS, Reason.HELD})
-
 #: The text a stuck shape's report starts with (`provisioner.decide.stuck`).
 STUCK_TEXT = "stuck: matches no pilot in practice"
 
