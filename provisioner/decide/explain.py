@@ -15,6 +15,7 @@ import hashlib
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import astuple, dataclass, field
+from functools import cached_property, lru_cache
 from typing import Any
 
 from provisioner.config import Config
@@ -29,6 +30,7 @@ MAX_SHAPES = 500
 MAX_TEXT = 300
 
 
+@lru_cache(maxsize=4096)
 def shape_key(shape: JobShape) -> str:
     """A short stable key of a job shape: equal for equal shapes, whoever computes it
     (the service from the schedd's groups, `provisioner why` from one job's ad)."""
@@ -59,7 +61,11 @@ class Report:
     left_out: int = 0  # shapes beyond MAX_SHAPES, not reported
 
     def entry(self, key: str) -> ShapeEntry | None:
-        return next((e for e in self.shapes if e.key == key), None)
+        return self._by_key.get(key)
+
+    @cached_property
+    def _by_key(self) -> dict[str, ShapeEntry]:
+        return {e.key: e for e in self.shapes}
 
     def waiting(self) -> dict[str, int]:
         """Idle jobs per reason code (each shape's first reason)."""
