@@ -4,7 +4,7 @@ Once per full cycle the service advertises one generic ad (MyType `ProvisionerSt
 Name its provisioner id) with the time it was written, its cycle period and, per demand
 shape (`provisioner.decide.explain.shape_key`), a reason code and its parameters: a few
 hundred small nested ads at most, whatever the queue. Any user with the pool's READ
-reads it. Advertising a generic ad takes DAEMON at the collector
+reads it (`status_argv`). Advertising a generic ad takes DAEMON at the collector
 (`COLLECTOR.ALLOW_DAEMON` lists the provisioner's identity, and its token carries
 `-authz DAEMON`); pilots hold DAEMON there too, so a reader takes only ads the collector
 accepted from the provisioner's identity (`AuthenticatedIdentity`).
@@ -31,10 +31,6 @@ IDENTITY = "provisioner"
 LIFETIME_S = 86400
 #: The ad's layout; a reader skips ads of another.
 SCHEMA = 1
-
-
-class StatusUnreadable(Exception):
-    """The collector could not be asked for the status ads."""
 
 
 def _why_ad(prefix: str, w: Why) -> dict[str, Any]:
@@ -113,14 +109,13 @@ def constraint(uid_domain: str) -> str:
             f'AuthenticatedIdentity == "{IDENTITY}@{uid_domain}"')
 
 
-def read_reports(htcondor: Any, collector: str | None, uid_domain: str) -> list[Report]:
-    """Every status report in the pool written by the provisioner's identity.
-    StatusUnreadable if the collector cannot be asked."""
-    try:
-        ads: Iterable[Any] = htcondor.Collector(collector).query(
-            htcondor.AdType.Any, constraint=constraint(uid_domain))
-    except Exception as exc:  # the bindings raise HTCondorException and friends
-        raise StatusUnreadable(f"collector query failed: {exc}") from exc
+def status_argv(uid_domain: str) -> list[str]:
+    """condor_status for the status ads (`constraint`), as any user may run it."""
+    return ["condor_status", "-any", "-long", "-constraint", constraint(uid_domain)]
+
+
+def reports_of(ads: Iterable[Any]) -> list[Report]:
+    """The reports among `ads` (ClassAds or mappings); others are skipped."""
     out = []
     for ad in ads:
         report = from_ad({str(k): v for k, v in dict(ad).items()})

@@ -22,6 +22,7 @@ import json
 import os
 import pwd
 import re
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -184,13 +185,24 @@ def render(a: dict[str, Any]) -> str:
 # --- reading the pool -------------------------------------------------------------
 
 
+#: The job attributes a shape's requests are read from (`shape_of`).
+REQUEST_ATTRS = ("RequestCpus", "RequestMemory", "RequestDisk", "RequestGPUs", "MaxRuntime",
+                 "DesiredSites")
+#: What condor_submit's default requests read (RequestDisk = DiskUsage, RequestMemory
+#: from MemoryUsage or ImageSize): asked for at once, not in a second query.
+REQUEST_REFS = ("DiskUsage", "MemoryUsage", "ImageSize", "ExecutableSize",
+                "TransferInputSizeMB")
+
+
 def job_attrs() -> list[str]:
+    """What `why` reads of a job: its state, shape, group, pilot and hold reason (never
+    its command, arguments, environment or directories)."""
     from provisioner.pool.condor import SHAPE_ATTRS
 
     return ["ClusterId", "ProcId", "Owner", "JobStatus", "QDate", "AcctGroup",
             "AccountingGroup", "RemoteHost", "JobCurrentStartDate",
             "MachineAttrPilotSite0", "MachineAttrPilotSlurmJobId0", "HoldReason",
-            "HoldReasonSubCode", *SHAPE_ATTRS, *START_ATTRS]
+            "HoldReasonSubCode", *SHAPE_ATTRS, *START_ATTRS, *REQUEST_REFS]
 
 
 def facts_of(ad: Any, now: float) -> JobFacts:
@@ -214,17 +226,60 @@ def facts_of(ad: Any, now: float) -> JobFacts:
         failure=failure.reason if failure else "", cooling=cooling(failure, now))
 
 
-def read_jobs(htcondor: Any, ids: Sequence[tuple[int, int | None]], schedd: str | None,
-              now: float) -> list[JobFacts]:
+def tool(argv: Sequence[str], what: str) -> list[Any]:
+    """The ads an HTCondor tool prints with -long (argv a list, never a shell line);
+    WhyError(4) names `what` and the tool's last line of error when it fails."""
+    import classad2
+
     try:
-        if schedd:
-            where = htcondor.Collector().locate(htcondor.DaemonType.Schedd, schedd)
-            target = htcondor.Schedd(where)
-        else:
-            target = htcondor.Schedd()
-        ads = target.query(constraint=constraint(ids), projection=job_attrs())
-    except Exception as exc:  # the bindings raise HTCondorException and friends
-        raise WhyError(f"cannot read the schedd's queue: {exc}", UNREADABLE) from exc
+        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=60,
+                              check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise WhyError(f"cannot read {what}: {argv[0]}: {exc}", UNREADABLE) from exc
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        raise WhyError(f"cannot read {what}: {last}", UNREADABLE)
+    return list(classad2.parseAds(proc.stdout)) if proc.stdout.strip() else []
+
+
+def queue_argv(ids: Sequence[tuple[int, int | None]], schedd: str | None,
+               attrs: Sequence[str] | None = None) -> list[str]:
+    """condor_q for `ids`, every user's, only the attributes `why` reads (`attrs`, by
+    default `job_attrs()`)."""
+    argv = ["condor_q", "-allusers", "-long", "-constraint", constraint(ids),
+            "-attributes", ",".join(attrs or job_attrs())]
+    return argv + (["-name", schedd] if schedd else [])
+
+
+def unread(ads: Sequence[Any]) -> set[str]:
+    """The job attributes the requests' expressions read that `ads` lack (the schedd's
+    grouping, which the service's shapes come from, evaluates them with those)."""
+    out: set[str] = set()
+    seen: set[str] = set()
+    for ad in ads:
+        for attr in REQUEST_ATTRS:
+            expr = ad.lookup(attr) if attr in ad else None
+            if expr is None or type(ad[attr]) in (bool, int, float, str):
+                continue
+            text = f"{attr}={expr}"
+            if text not in seen:
+                seen.add(text)
+                out.update(str(ref) for ref in ad.externalRefs(expr) if ref)
+    return out
+
+
+def read_jobs(ids: Sequence[tuple[int, int | None]], schedd: str | None,
+              now: float) -> list[JobFacts]:
+    """The jobs `ids` name, read with the pool's own condor_q as the user who asks: its
+    version is the daemons' (the bindings from PyPI may be newer, and a newer client
+    refuses an older daemon's FS authentication). A request that reads an attribute not
+    asked for is read again with it (once)."""
+    attrs = job_attrs()
+    ads = tool(queue_argv(ids, schedd, attrs), "the schedd's queue")
+    known = {a.lower() for a in attrs}
+    more = sorted(a for a in unread(ads) if a.lower() not in known)
+    if more:
+        ads = tool(queue_argv(ids, schedd, attrs + more), "the schedd's queue")
     return sorted((facts_of(ad, now) for ad in ads), key=lambda j: (j.cluster, j.proc))
 
 
@@ -262,15 +317,14 @@ def main(argv: Sequence[str]) -> int:
 def _run(args: argparse.Namespace) -> int:
     import htcondor2
 
-    from provisioner.pool.status_ad import StatusUnreadable, read_reports
+    from provisioner.pool.status_ad import reports_of, status_argv
 
     ids = parse_ids(args.jobs)
     now = time.time()
-    jobs = read_jobs(htcondor2, ids, args.name, now)
-    try:
-        reports = read_reports(htcondor2, None, str(htcondor2.param.get("UID_DOMAIN", "")))
-    except StatusUnreadable as exc:
-        raise WhyError(f"cannot read the provisioner's status: {exc}", UNREADABLE) from exc
+    jobs = read_jobs(ids, args.name, now)
+    # the pool's configuration read locally (no daemon asked)
+    domain = str(htcondor2.param.get("UID_DOMAIN", ""))
+    reports = reports_of(tool(status_argv(domain), "the provisioner's status"))
     me = pwd.getpwuid(os.getuid()).pw_name
     answers = [answer(j, reports, now, me, _local_clock) for j in jobs]
     gone = missing(ids, jobs)

@@ -270,3 +270,31 @@ def test_redact_hides_paths_and_urls() -> None:
     assert redact("open /home/bob/x.sif: no; root://o//data/f") == "open <path>: no; <path>"
     assert redact("3 failed starts, the last on slot1@n1") == \
         "3 failed starts, the last on slot1@n1"
+
+
+def test_the_pools_own_tools_are_asked_with_argv_lists() -> None:
+    argv = why.queue_argv([(12, None)], "submit2")
+    assert argv[:4] == ["condor_q", "-allusers", "-long", "-constraint"]
+    assert argv[4] == "(ClusterId == 12)" and argv[-2:] == ["-name", "submit2"]
+    assert "Requirements" in argv[6].split(",") and "Cmd" not in argv[6].split(",")
+    from provisioner.pool.status_ad import status_argv
+
+    assert status_argv("testbed")[:3] == ["condor_status", "-any", "-long"]
+
+
+def test_a_tool_that_fails_is_status_4_naming_what() -> None:
+    with pytest.raises(why.WhyError) as exc:
+        why.tool(["python3", "-c", "import sys; sys.exit('no schedd here')"], "the queue")
+    assert exc.value.status == why.UNREADABLE and str(exc.value) == \
+        "cannot read the queue: no schedd here"
+    ads = why.tool(["python3", "-c", "print('A = 1\\nB = \"x\"\\n\\nA = 2\\n')"], "ads")
+    assert [ad["A"] for ad in ads] == [1, 2]
+
+
+def test_attributes_a_request_reads_are_found() -> None:
+    import classad2
+
+    ads = list(classad2.parseAds("RequestDisk = DiskUsage\nRequestMemory = 500\n\n"
+                                 "RequestDisk = DiskUsage\nRequestCpus = NumCores * 2\n"))
+    assert why.unread(ads) == {"DiskUsage", "NumCores"}
+    assert "DiskUsage" in why.job_attrs()
