@@ -159,9 +159,14 @@ def _no_site(w: Why) -> str:
             f"it: ask for less, or ask the site's admins")
 
 
+def _cores(w: Why) -> str:
+    n = w.get("cores", "?")
+    return f"{n} core{'' if n == 1 else 's'}"
+
+
 def _pending(w: Why, now: float) -> str:
     since = float(w.get("since", now))
-    text = (f"a pilot for {w.get('cores', '?')} cores is pending at {w.get('site', '?')} "
+    text = (f"a pilot for {_cores(w)} is pending at {w.get('site', '?')} "
             f"({duration(now - since)} so far")
     lead = w.get("lead_s")
     if lead:
@@ -198,7 +203,7 @@ def sentence(w: Why, now: float, clock: Clock = utc_clock) -> str:
         Reason.PILOT_READY: lambda: (f"pilot {site}/{w.get('pilot', '?')} is in the pool "
                                      "with room for it; the negotiator starts it at its "
                                      "next cycle"),
-        Reason.PILOT_STARTING: lambda: (f"a pilot for {w.get('cores', '?')} cores is "
+        Reason.PILOT_STARTING: lambda: (f"a pilot for {_cores(w)} is "
                                         f"starting at {site} (running "
                                         f"{duration(now - float(w.get('since', now)))}, "
                                         "joining the pool)"),

@@ -168,10 +168,18 @@ def answer(job: JobFacts, reports: Sequence[Report], now: float, me: str,
             "reason": why.reason.value, "params": dict(why.params),
             "then": None if then is None else {"reason": then.reason.value,
                                                "params": dict(then.params)},
-            "text": text[:1].upper() + text[1:] + ("" if text.endswith(".") else "."),
+            "text": _capital(text, str(why.get("site", ""))),
             "report": None if report is None else {
                 "provisioner_id": report.provisioner_id, "written_at": report.written_at,
                 "age_s": round(age or 0.0), "stale": late}}
+
+
+def _capital(text: str, site: str) -> str:
+    """A sentence: its first letter capital (unless it starts with a site's name, which
+    is written as configured), a full stop at the end."""
+    if not (site and text.startswith(site)):
+        text = text[:1].upper() + text[1:]
+    return text if text.endswith(".") else text + "."
 
 
 def render(a: dict[str, Any]) -> str:

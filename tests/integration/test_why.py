@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 from conftest import run
@@ -33,12 +33,19 @@ def answers(job: str, user: str = "alice") -> dict[str, dict]:  # type: ignore[t
     return {a["job"]: a for a in json.loads(res.stdout)["answers"]}
 
 
-def saying(job: str, pattern: str, user: str = "alice") -> Callable[[], str | None]:
-    """A poll: `why JOB`'s text once it matches `pattern`."""
+def until(job: str, pattern: str, timeout: float, user: str = "alice",
+          step: float = 1.0) -> str:
+    """`why JOB`'s output once its text matches `pattern`; on time-out, the last one."""
+    last: list[str] = []
+
     def poll() -> str | None:
         res = why(job, user=user)
-        return res.stdout if res.returncode == 0 and re.search(pattern, res.stdout) else None
-    return poll
+        last[:] = [f"exit {res.returncode}: {res.stdout}{res.stderr}"]
+        return res.stdout if res.returncode == 0 and re.search(pattern, res.stdout, re.I) else None
+    try:
+        return str(wait_for(f"why {job}: {pattern}", poll, timeout, step=step))
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the last answer: {last}") from None
 
 
 @pytest.fixture
@@ -57,15 +64,15 @@ def service() -> Iterator[Service]:
 def test_why_tells_alice_what_the_provisioner_does(service: Service) -> None:
     big = submit_script("why-tera", "true\n", 1, extra=f"request_memory = {TERA_MB}\n")
     ordinary = submit_gated("why-ordinary", 1)
-    text = wait_for("the 1 TB job's reason", saying(big, "no site offers"), 60)
+    # from this service's report (a stopped one's ad may still say the same, stale)
+    text = until(big, "\n  No site offers", 60)
     print(f"--- why {big} (1 TB) ---\n{text}")
     assert f"{big}.0 (alice, idle): 1 core, 1 TB" in str(text)
-    assert re.search(r"no site offers 1 TB per job; the largest is (gsi|frankfurt)'s 7.6 GB",
+    assert re.search(r"No site offers 1 TB per job; the largest is (gsi|frankfurt)'s 7.6 GB",
                      str(text)), text
-    text = wait_for("the ordinary job's pilot", saying(
-        ordinary, r"pending at|starting at|Running on pilot"), 90, step=0.5)
+    text = until(ordinary, r"pending at|starting at|Running on pilot", 90, step=0.5)
     print(f"--- why {ordinary} (while its pilot comes) ---\n{text}")
-    text = wait_for("the ordinary job running", saying(ordinary, "Running on pilot"), 180)
+    text = until(ordinary, "Running on pilot", 180)
     print(f"--- why {ordinary} (running) ---\n{text}")
     site, job_id = re.search(r"Running on pilot (\w+)/(\d+) since \d\d:\d\d",
                              str(text)).groups()  # type: ignore[union-attr]
@@ -81,11 +88,11 @@ def test_why_tells_alice_what_the_provisioner_does(service: Service) -> None:
     # another user's job: its reason, none of its paths
     res = why(big, user="bob")
     print(f"--- why {big} as bob ---\n{res.stdout}")
-    assert res.returncode == 0 and "no site offers 1 TB" in res.stdout
+    assert res.returncode == 0 and "No site offers 1 TB" in res.stdout
     assert "/home/alice" not in why("--json", big, user="bob").stdout
     # the service stopped: its last word, and how old it is
     service.stop()
-    text = wait_for("the staleness", saying(big, "has not reported for"), 60)
+    text = until(big, "has not reported for", 60)
     print(f"--- why {big} (service stopped) ---\n{text}")
     assert "what it last said: no site offers 1 TB" in str(text)
     wait_for("the gated job done", lambda: gated_jobs_left(ordinary) == 0, 60, step=1)
@@ -107,9 +114,9 @@ def test_a_site_at_its_submission_limit(limited: None) -> None:  # noqa: F811
     first = submit_gated("why-limit-1", 1, extra=gsi_only)
     svc.start()
     try:
-        wait_for("the first job running", saying(first, "Running on pilot gsi/"), 180)
+        until(first, "Running on pilot gsi/", 180)
         second = submit_gated("why-limit-2", 1, extra=gsi_only)
-        text = wait_for("the limit", saying(second, "at its submission limit"), 120)
+        text = until(second, "\n  gsi is at its submission limit", 120)
         print(f"--- why {second} (gsi at its limit) ---\n{text}")
         assert re.search(r"gsi is at its submission limit \(1 jobs?, \w+\); waiting for a "
                          r"pilot there to end", str(text)), text
