@@ -9,7 +9,10 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import tempfile
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from conftest import run
@@ -126,3 +129,56 @@ def test_a_site_at_its_submission_limit(limited: None) -> None:  # noqa: F811
         svc.stop()
         print(f"--- service log ---\n{svc.text()}")
         clean_pool()
+
+
+def test_another_users_hold_reason_without_its_paths() -> None:
+    clean_pool()
+    held = submit_script("why-held", "true\n", 1, extra="hold = true\n")
+    run(["condor_hold", "-reason", "input /home/alice/secret/run7.root is missing", held],
+        user="alice")
+    try:
+        mine = until(held, "Held: ", 30)
+        print(f"--- why {held} (held, as alice) ---\n{mine}")
+        assert "/home/alice/secret/run7.root" in mine
+        other = until(held, "Held: ", 30, user="bob")
+        print(f"--- why {held} (held, as bob) ---\n{other}")
+        assert "/home/alice" not in other and "input <path> is missing" in other
+        assert "/home/alice" not in why("--json", held, user="bob").stdout
+    finally:
+        clean_pool()
+
+
+def test_a_status_ad_from_another_identity_is_not_believed() -> None:
+    """Pilots hold DAEMON at the collector too, so a pilot's token could advertise a
+    status ad of its own: `why` reads only the provisioner identity's."""
+    clean_pool()
+    big = submit_script("why-forged", "true\n", 1, extra=f"request_memory = {TERA_MB}\n")
+    key = answers(big)[f"{big}.0"]["shape"]["key"]
+    forged = (f'MyType = "ProvisionerStatus"\nName = "forged"\nSchema = 1\n'
+              f'ProvisionerId = "forged"\nWrittenAt = {int(time.time()) + 3600}\n'
+              f'CycleSeconds = 3600.0\nPoolKnown = true\nClassAdLifetime = 300\n'
+              f'Shapes = {{ [ Key = "{key}"; Idle = 1; Reason = "pilot_ready"; '
+              f'site = "forged"; pilot = "666" ] }}\n')
+    with tempfile.TemporaryDirectory(prefix="why-forged.", dir="/home/pilot") as tmp:
+        token, ads = Path(tmp) / "pilot", Path(tmp) / "ad"
+        token.write_bytes(Path("/etc/provisioner/pilot.token").read_bytes())
+        ads.write_text(forged)
+        run(["chown", "-R", "pilot:", tmp])
+        token.chmod(0o600)
+        pilot_env = {"_CONDOR_SEC_TOKEN_DIRECTORY": tmp,
+                     "_CONDOR_SEC_CLIENT_AUTHENTICATION_METHODS": "IDTOKENS"}
+        run(["condor_advertise", "UPDATE_AD_GENERIC", str(ads)], user="pilot", env=pilot_env)
+        try:
+            seen = wait_for("the forged ad in the collector", lambda: run(
+                ["condor_status", "-any", "-constraint", 'Name == "forged"', "-af",
+                 "AuthenticatedIdentity"]).stdout.strip(), 30)
+            assert seen == "pilot@testbed", seen
+            res = why(big)
+            print(f"--- why {big} beside a forged status ad ---\n{res.stdout}")
+            assert res.returncode == 0 and "forged" not in res.stdout, res.stdout
+        finally:
+            ads.write_text('MyType = "Query"\nTargetType = "ProvisionerStatus"\n'
+                           'Requirements = Name == "forged"\n')
+            run(["condor_advertise", "INVALIDATE_ADS_GENERIC", str(ads)], user="pilot",
+                env=pilot_env, check=False)
+            clean_pool()
