@@ -143,6 +143,29 @@ def blocked(site: str, cap: Cap | None, words: SiteWords) -> Why:
     return Why(Reason.SITE_CAP, {"site": site, "cap": cap.value})
 
 
+def _stopped(sites: Sequence[str], capped: Mapping[str, Cap | None], words: SiteWords) -> Why:
+    """Why none of a shape's `sites` took its remaining jobs: the first site's reason (the
+    first one capped), the others' caps named beside it."""
+    first = next((n for n in sites if capped.get(n) is not None), sites[0])
+    why = blocked(first, capped.get(first), words)
+    others = [f"{n} ({_cap_words(capped[n])})" for n in sites
+              if n != first and capped.get(n) is not None]
+    if others:
+        why = Why(why.reason, {**why.params, "also": _clip(", ".join(others))})
+    return why
+
+
+#: A cap in the words a list of other sites gives it (the rest: its own name).
+_CAP_WORDS = {Cap.SLURM_LIMITS: "its SLURM limits", Cap.BREAKER: "paused",
+              Cap.SITE_UNKNOWN: "unreadable", Cap.POLICY_MAX_SUBMIT: "next cycle"}
+
+
+def _cap_words(cap: Cap | None) -> str:
+    if cap is None:
+        return ""
+    return _CAP_WORDS.get(cap, cap.value)
+
+
 def _unmatchable(shape: JobShape, text: str, config: Config) -> Why:
     code = unmatchable_reason(text)
     if code is Reason.NO_SITE:
@@ -170,8 +193,7 @@ def explain(snapshot: Snapshot, plan: Plan, config: Config, now: float,
                                       _unmatchable(u.shape, u.reason, config))
     for r in rows:
         left = min(unplaced.get(r.shape, 0), r.jobs)
-        site = next((n for n in r.sites if capped.get(n) is not None), r.sites[0])
-        stop = blocked(site, capped.get(site), words) if left else None
+        stop = _stopped(r.sites, capped, words) if left else None
         way = on_its_way(r.item, r.sites, pilots, words) if left < r.jobs else None
         if way is None:
             way, stop = stop or Why(Reason.WAITING, {"site": r.sites[0]}), None

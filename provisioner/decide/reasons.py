@@ -239,7 +239,9 @@ def sentence(w: Why, now: float, clock: Clock = utc_clock) -> str:
                                  "decides at its next cycle"),
         Reason.DONE: lambda: f"{w.get('state', 'done')}; it leaves the queue shortly",
     }
-    return texts[r]()
+    text = texts[r]()
+    also = w.get("also")
+    return f"{text} (its other sites: {also})" if also else text
 
 
 def _pilot(w: Why) -> str:

@@ -298,3 +298,14 @@ def test_attributes_a_request_reads_are_found() -> None:
                                  "RequestDisk = DiskUsage\nRequestCpus = NumCores * 2\n"))
     assert why.unread(ads) == {"DiskUsage", "NumCores"}
     assert "DiskUsage" in why.job_attrs()
+
+
+def test_every_site_of_a_blocked_shape_is_named() -> None:
+    full = [pilot(f"g{i}", PilotState.BUSY, site="gsi", cpus=4, memory_mb=7800)
+            for i in range(2)]
+    words = SiteWords(limits={"frankfurt": "at its submission limit (3 jobs, X)"})
+    e = report_of([(ONE, 1)], full, words, limit_room={"frankfurt": 0}).entry(shape_key(ONE))
+    assert e is not None and e.why.reason is Reason.SITE_CAP
+    assert sentence(e.why, NOW) == ("gsi holds as many pilots as it may (max_pilots); waiting "
+                                    "for a pilot there to end (its other sites: frankfurt "
+                                    "(its SLURM limits))")
