@@ -6,7 +6,8 @@ one ordinary job. One cycle of the provisioner (as `make bench-scale` runs it) a
 status ad advertised to the collector; then alice asks `provisioner why` (a new
 process each time, as she would) about each, and about the whole big cluster. Printed
 as a table, written to bench/results/why.md.
-Runs inside the testbed as root: `deploy/testbed/testbed exec -- python /src/bench/why.py`.
+Runs inside the testbed as root (`make bench-why`):
+`deploy/testbed/testbed exec -- python /src/bench/why.py`.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ def main() -> int:
              "",
              "Testbed (2 cores); each answer a new `provisioner why` process as alice "
              "(Python start-up, one schedd query, one collector query). "
-             "`deploy/testbed/testbed exec -- python /src/bench/why.py` regenerates this file.",
+             "`make bench-why` regenerates this file.",
              "",
              f"The status ad: {len(report.shapes)} shapes, {ad_bytes} bytes; built and "
              f"advertised after the cycle in {publish_s:.3f} s.",
