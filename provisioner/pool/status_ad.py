@@ -111,7 +111,7 @@ def constraint(uid_domain: str) -> str:
 
 def status_argv(uid_domain: str) -> list[str]:
     """condor_status for the status ads (`constraint`), as any user may run it."""
-    return ["condor_status", "-any", "-long", "-constraint", constraint(uid_domain)]
+    return ["condor_status", "-any", "-json", "-constraint", constraint(uid_domain)]
 
 
 def reports_of(ads: Iterable[Any]) -> list[Report]:

@@ -7,8 +7,8 @@ provisioner does for it or why it cannot). The job's shape key is computed from 
 as the service computes it from the schedd's groups (`provisioner.decide.explain`).
 
 Another user's job is answered too (reasons are not secrets), but nothing of its
-command, arguments, environment or paths is shown: only the attributes read here, and
-paths in its error texts are replaced by "<path>".
+command, arguments, environment or paths is shown: only the attributes
+`provisioner.pool.job_ads` reads, and paths in its error texts are replaced by "<path>".
 
 Exit status: 0 every job answered; 2 a malformed job id (nothing asked); 3 some job id
 names no job in the queue (the others answered); 4 the schedd or the collector could
@@ -22,17 +22,15 @@ import json
 import os
 import pwd
 import re
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from provisioner.decide.explain import Report, shape_key
-from provisioner.decide.failed_starts import START_ATTRS, cause, cooling
+from provisioner.decide.failed_starts import cause
 from provisioner.decide.reasons import Reason, Why, sentence, shape_words, stale
-from provisioner.model import JobShape
+from provisioner.pool.job_ads import JobFacts, ToolFailed, read_jobs, tool
 
 OK, MALFORMED, NO_SUCH_JOB, UNREADABLE = 0, 2, 3, 4
 JOB_ID = re.compile(r"^(\d+)(?:\.(\d+))?$")
@@ -62,39 +60,6 @@ def parse_ids(words: Sequence[str]) -> list[tuple[int, int | None]]:
                            "or 123.4", MALFORMED)
         out.append((int(m.group(1)), int(m.group(2)) if m.group(2) is not None else None))
     return out
-
-
-def constraint(ids: Sequence[tuple[int, int | None]]) -> str:
-    """The schedd query for `ids` (integers only: built from parsed numbers)."""
-    parts = [f"(ClusterId == {c})" if p is None else f"(ClusterId == {c} && ProcId == {p})"
-             for c, p in ids]
-    return " || ".join(parts) or "false"
-
-
-@dataclass(frozen=True)
-class JobFacts:
-    """What `why` reads of one job's ad (no command, arguments, environment or paths)."""
-
-    cluster: int
-    proc: int
-    owner: str
-    status: int
-    shape: JobShape
-    group: str = ""
-    qdate: float = 0.0
-    site: str = ""  # the pilot it runs on (site and SLURM job id), if running
-    pilot: str = ""
-    started: float = 0.0
-    hold_reason: str = ""
-    hold_subcode: int = 0
-    cool_downs: int = 0
-    failed_starts: int = 0  # its last start failed (0: not)
-    failure: str = ""
-    cooling: bool = False
-
-    @property
-    def job_id(self) -> str:
-        return f"{self.cluster}.{self.proc}"
 
 
 def redact(text: str) -> str:
@@ -193,103 +158,6 @@ def render(a: dict[str, Any]) -> str:
 # --- reading the pool -------------------------------------------------------------
 
 
-#: The job attributes a shape's requests are read from (`shape_of`).
-REQUEST_ATTRS = ("RequestCpus", "RequestMemory", "RequestDisk", "RequestGPUs", "MaxRuntime",
-                 "DesiredSites")
-#: What condor_submit's default requests read (RequestDisk = DiskUsage, RequestMemory
-#: from MemoryUsage or ImageSize): asked for at once, not in a second query.
-REQUEST_REFS = ("DiskUsage", "MemoryUsage", "ImageSize", "ExecutableSize",
-                "TransferInputSizeMB")
-
-
-def job_attrs() -> list[str]:
-    """What `why` reads of a job: its state, shape, group, pilot and hold reason (never
-    its command, arguments, environment or directories)."""
-    from provisioner.pool.condor import SHAPE_ATTRS
-
-    return ["ClusterId", "ProcId", "Owner", "JobStatus", "QDate", "AcctGroup",
-            "AccountingGroup", "RemoteHost", "JobCurrentStartDate",
-            "MachineAttrPilotSite0", "MachineAttrPilotSlurmJobId0", "HoldReason",
-            "HoldReasonSubCode", *SHAPE_ATTRS, *START_ATTRS, *REQUEST_REFS]
-
-
-def facts_of(ad: Any, now: float) -> JobFacts:
-    """A job's facts from its ad (read with `job_attrs()`)."""
-    from provisioner.pool.condor import _int, _str, failure_of, shape_of, startd_of
-
-    failure = failure_of(ad)
-    site = _str(ad, "MachineAttrPilotSite0")
-    pilot = _str(ad, "MachineAttrPilotSlurmJobId0") or str(
-        _int(ad, "MachineAttrPilotSlurmJobId0") or "")
-    if not site and _str(ad, "RemoteHost"):
-        site, pilot = "", startd_of(_str(ad, "RemoteHost"))
-    return JobFacts(
-        cluster=_int(ad, "ClusterId"), proc=_int(ad, "ProcId"), owner=_str(ad, "Owner"),
-        status=_int(ad, "JobStatus"), shape=shape_of(ad),
-        group=_str(ad, "AcctGroup") or _str(ad, "AccountingGroup"),
-        qdate=float(_int(ad, "QDate")), site=site, pilot=pilot,
-        started=float(_int(ad, "JobCurrentStartDate")), hold_reason=_str(ad, "HoldReason"),
-        hold_subcode=_int(ad, "HoldReasonSubCode"), cool_downs=_int(ad, "NumJobCoolDowns"),
-        failed_starts=failure.failed_starts if failure else 0,
-        failure=failure.reason if failure else "", cooling=cooling(failure, now))
-
-
-def tool(argv: Sequence[str], what: str) -> list[Any]:
-    """The ads an HTCondor tool prints with -long (argv a list, never a shell line);
-    WhyError(4) names `what` and the tool's last line of error when it fails."""
-    import classad2
-
-    try:
-        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=60,
-                              check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise WhyError(f"cannot read {what}: {argv[0]}: {exc}", UNREADABLE) from exc
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-        raise WhyError(f"cannot read {what}: {last}", UNREADABLE)
-    return list(classad2.parseAds(proc.stdout)) if proc.stdout.strip() else []
-
-
-def queue_argv(ids: Sequence[tuple[int, int | None]], schedd: str | None,
-               attrs: Sequence[str] | None = None) -> list[str]:
-    """condor_q for `ids`, every user's, only the attributes `why` reads (`attrs`, by
-    default `job_attrs()`)."""
-    argv = ["condor_q", "-allusers", "-long", "-constraint", constraint(ids),
-            "-attributes", ",".join(attrs or job_attrs())]
-    return argv + (["-name", schedd] if schedd else [])
-
-
-def unread(ads: Sequence[Any]) -> set[str]:
-    """The job attributes the requests' expressions read that `ads` lack (the schedd's
-    grouping, which the service's shapes come from, evaluates them with those)."""
-    out: set[str] = set()
-    seen: set[str] = set()
-    for ad in ads:
-        for attr in REQUEST_ATTRS:
-            expr = ad.lookup(attr) if attr in ad else None
-            if expr is None or type(ad[attr]) in (bool, int, float, str):
-                continue
-            text = f"{attr}={expr}"
-            if text not in seen:
-                seen.add(text)
-                out.update(str(ref) for ref in ad.externalRefs(expr) if ref)
-    return out
-
-
-def read_jobs(ids: Sequence[tuple[int, int | None]], schedd: str | None,
-              now: float) -> list[JobFacts]:
-    """The jobs `ids` name, read with the pool's own condor_q as the user who asks: its
-    version is the daemons' (the bindings from PyPI may be newer, and a newer client
-    refuses an older daemon's FS authentication). A request that reads an attribute not
-    asked for is read again with it (once)."""
-    attrs = job_attrs()
-    ads = tool(queue_argv(ids, schedd, attrs), "the schedd's queue")
-    known = {a.lower() for a in attrs}
-    more = sorted(a for a in unread(ads) if a.lower() not in known)
-    if more:
-        ads = tool(queue_argv(ids, schedd, attrs + more), "the schedd's queue")
-    return sorted((facts_of(ad, now) for ad in ads), key=lambda j: (j.cluster, j.proc))
-
 
 def missing(ids: Sequence[tuple[int, int | None]], jobs: Sequence[JobFacts]) -> list[str]:
     """The ids that name no job read."""
@@ -329,10 +197,13 @@ def _run(args: argparse.Namespace) -> int:
 
     ids = parse_ids(args.jobs)
     now = time.time()
-    jobs = read_jobs(ids, args.name, now)
     # the pool's configuration read locally (no daemon asked)
     domain = str(htcondor2.param.get("UID_DOMAIN", ""))
-    reports = reports_of(tool(status_argv(domain), "the provisioner's status"))
+    try:
+        jobs = read_jobs(ids, args.name, now)
+        reports = reports_of(tool(status_argv(domain), "the provisioner's status"))
+    except ToolFailed as exc:
+        raise WhyError(str(exc), UNREADABLE) from exc
     me = pwd.getpwuid(os.getuid()).pw_name
     answers = [answer(j, reports, now, me, _local_clock) for j in jobs]
     gone = missing(ids, jobs)

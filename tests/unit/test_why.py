@@ -22,10 +22,12 @@ from provisioner.decide.reasons import (
     unmatchable_reason,
 )
 from provisioner.model import Demand, JobShape, PilotState
+from provisioner.pool import job_ads
+from provisioner.pool.job_ads import JobFacts
 from provisioner.pool.status_ad import constraint as ad_constraint
 from provisioner.pool.status_ad import from_ad, to_ad
 from provisioner.service import why
-from provisioner.service.why import JobFacts, answer, parse_ids, redact
+from provisioner.service.why import answer, parse_ids, redact
 from tests.unit.fakes import FakePool
 from tests.unit.helpers import NOW, config, pilot, site, snap
 from tests.unit.helpers import memory as cycle_memory
@@ -213,7 +215,7 @@ def test_malformed_ids_are_refused_with_status_2() -> None:
         with pytest.raises(why.WhyError) as exc:
             parse_ids([bad])
         assert exc.value.status == why.MALFORMED and repr(bad) in str(exc.value)
-    assert why.constraint([(12, None), (13, 1)]) == \
+    assert job_ads.constraint([(12, None), (13, 1)]) == \
         "(ClusterId == 12) || (ClusterId == 13 && ProcId == 1)"
 
 
@@ -273,39 +275,54 @@ def test_redact_hides_paths_and_urls() -> None:
 
 
 def test_the_pools_own_tools_are_asked_with_argv_lists() -> None:
-    argv = why.queue_argv([(12, None)], "submit2")
-    assert argv[:4] == ["condor_q", "-allusers", "-long", "-constraint"]
+    argv = job_ads.queue_argv([(12, None)], "submit2")
+    assert argv[:4] == ["condor_q", "-allusers", "-json", "-constraint"]
     assert argv[4] == "(ClusterId == 12)" and argv[-2:] == ["-name", "submit2"]
     assert "Requirements" in argv[6].split(",") and "Cmd" not in argv[6].split(",")
     from provisioner.pool.status_ad import status_argv
 
-    assert status_argv("testbed")[:3] == ["condor_status", "-any", "-long"]
+    assert status_argv("testbed")[:3] == ["condor_status", "-any", "-json"]
 
 
-def test_a_tool_that_fails_is_status_4_naming_what() -> None:
-    with pytest.raises(why.WhyError) as exc:
-        why.tool(["python3", "-c", "import sys; sys.exit('no schedd here')"], "the queue")
-    assert exc.value.status == why.UNREADABLE and str(exc.value) == \
-        "cannot read the queue: no schedd here"
-    ads = why.tool(["python3", "-c", "print('A = 1\\nB = \"x\"\\n\\nA = 2\\n')"], "ads")
+def test_a_tool_that_fails_names_what() -> None:
+    with pytest.raises(job_ads.ToolFailed) as exc:
+        job_ads.tool(["python3", "-c", "import sys; sys.exit('no schedd here')"], "the queue")
+    assert str(exc.value) == "cannot read the queue: no schedd here"
+    ads = job_ads.tool(["python3", "-c", "print('[{\"A\": 1}, {\"A\": 2}]')"], "ads")
     assert [ad["A"] for ad in ads] == [1, 2]
 
 
-def test_attributes_a_request_reads_are_found() -> None:
+#: A job as condor_q -json prints it (expressions as "/Expr(...)/").
+JOB = {"ClusterId": 12, "ProcId": 3, "Owner": "alice", "JobStatus": 1, "QDate": 5,
+       "RequestCpus": 2, "RequestMemory": "/Expr(ImageSize * 2)/", "ImageSize": 300,
+       "RequestDisk": "/Expr(DiskUsage)/", "DiskUsage": 45,
+       "Requirements": '/Expr((TARGET.Memory >= RequestMemory) && '
+                       '(TARGET.FileSystemDomain == MY.FileSystemDomain))/',
+       "FileSystemDomain": "cm", "HoldReason": "/Expr(undefined)/"}
+
+
+def test_a_jobs_shape_from_json_is_the_services_from_the_same_ad() -> None:
     import classad2
 
-    ads = list(classad2.parseAds("RequestDisk = DiskUsage\nRequestMemory = 500\n\n"
-                                 "RequestDisk = DiskUsage\nRequestCpus = NumCores * 2\n"))
-    assert why.unread(ads) == {"DiskUsage", "NumCores"}
-    assert "DiskUsage" in why.job_attrs()
+    from provisioner.pool.condor import shape_of
+
+    shapes = job_ads.Shapes(job_ads.job_attrs())
+    facts = job_ads.facts_of(JOB, shapes.of(JOB), NOW)
+    assert (facts.cluster, facts.proc, facts.owner, facts.hold_reason) == (12, 3, "alice", "")
+    ad = classad2.parseOne("\n".join(
+        f"{k} = {v[6:-2] if isinstance(v, str) and v.startswith('/Expr(') else json.dumps(v)}"
+        for k, v in JOB.items()))
+    assert facts.shape == shape_of(ad)
+    assert facts.shape.memory_mb == 600 and facts.shape.disk_kb == 45
+    assert facts.shape.match_attrs == (("FileSystemDomain", '"cm"'),)
+    for i in range(100):  # alike jobs share one evaluation
+        shapes.of({**JOB, "ProcId": i})
+    assert len(shapes.ads) == 1
 
 
-def test_every_site_of_a_blocked_shape_is_named() -> None:
-    full = [pilot(f"g{i}", PilotState.BUSY, site="gsi", cpus=4, memory_mb=7800)
-            for i in range(2)]
-    words = SiteWords(limits={"frankfurt": "at its submission limit (3 jobs, X)"})
-    e = report_of([(ONE, 1)], full, words, limit_room={"frankfurt": 0}).entry(shape_key(ONE))
-    assert e is not None and e.why.reason is Reason.SITE_CAP
-    assert sentence(e.why, NOW) == ("gsi holds as many pilots as it may (max_pilots); waiting "
-                                    "for a pilot there to end (its other sites: frankfurt "
-                                    "(its SLURM limits))")
+def test_attributes_a_request_reads_are_found() -> None:
+    shapes = job_ads.Shapes(["RequestDisk", "RequestCpus", "RequestMemory"])
+    shapes.ad({"RequestDisk": "/Expr(DiskUsage)/", "RequestMemory": 500})
+    shapes.ad({"RequestDisk": "/Expr(DiskUsage)/", "RequestCpus": "/Expr(NumCores * 2)/"})
+    assert shapes.unread() == {"DiskUsage", "NumCores"}
+    assert "DiskUsage" in job_ads.job_attrs()
