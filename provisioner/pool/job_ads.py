@@ -118,19 +118,24 @@ class Shapes:
 
     def __init__(self, attrs: Sequence[str]) -> None:
         self.attrs = tuple(a for a in attrs if a not in _NOT_SHAPE)
-        self.ads: dict[str, Any] = {}  # signature -> the ClassAd
-        self.shapes: dict[str, JobShape] = {}
+        self.ads: dict[Any, Any] = {}  # signature -> the ClassAd
+        self.shapes: dict[Any, JobShape] = {}
 
-    def ad(self, job: dict[str, Any]) -> tuple[str, Any]:
+    def ad(self, job: dict[str, Any]) -> tuple[Any, Any]:
+        """The job's shape signature and the ClassAd of its shape values."""
         import classad2
 
-        values = {a: job[a] for a in self.attrs if a in job}
-        sig = json.dumps(values, sort_keys=True)
-        ad = self.ads.get(sig)
+        sig: Any = tuple(job.get(a) for a in self.attrs)
+        try:
+            ad = self.ads.get(sig)
+        except TypeError:  # a list or nested ad among the values
+            sig = json.dumps(sig)
+            ad = self.ads.get(sig)
         if ad is None:
             ad = self.ads[sig] = classad2.ClassAd()
-            for a, v in values.items():
-                ad[a] = _value(v)
+            for a in self.attrs:
+                if a in job:
+                    ad[a] = _value(job[a])
         return sig, ad
 
     def of(self, job: dict[str, Any]) -> JobShape:
@@ -188,13 +193,13 @@ def read_jobs(ids: Sequence[tuple[int, int | None]], schedd: str | None,
     attrs = job_attrs()
     jobs = tool(queue_argv(ids, schedd, attrs), "the schedd's queue")
     shapes = Shapes(attrs)
-    for job in jobs:
-        shapes.ad(job)
+    each = [shapes.of(job) for job in jobs]
     known = {a.lower() for a in attrs}
     more = sorted(a for a in shapes.unread() if a.lower() not in known)
     if more:
         attrs += more
         jobs = tool(queue_argv(ids, schedd, attrs), "the schedd's queue")
         shapes = Shapes(attrs)
-    out = [facts_of(job, shapes.of(job), now) for job in jobs]
+        each = [shapes.of(job) for job in jobs]
+    out = [facts_of(job, shape, now) for job, shape in zip(jobs, each, strict=True)]
     return sorted(out, key=lambda j: (j.cluster, j.proc))
