@@ -7,7 +7,7 @@ TESTBED := deploy/testbed/testbed
 # Run pytest, treating "no tests collected" (exit 5) as the failure it is.
 PYTEST_STRICT = rc=0; $(1) || rc=$$?; if [ $$rc -eq 5 ]; then echo "error: no tests collected by: $(1)" >&2; exit 1; fi; exit $$rc
 
-.PHONY: test test-fast unit integration integration-shard lint bench bench-overhead bench-report bench-scale bench-small demo campaign testbed testbed-status clean-testbed venv
+.PHONY: test test-fast unit integration integration-shard lint bench bench-overhead bench-report bench-scale bench-why bench-small demo campaign testbed testbed-status clean-testbed venv
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -65,6 +65,10 @@ bench-report: venv
 # One cycle against 20,000 idle jobs and 200 pilots in the testbed (bench/results/scale.md).
 bench-scale: testbed
 	$(TESTBED) exec -- python /src/bench/scale.py
+
+# `provisioner why` as alice at bench-scale's queue: how long each answer takes.
+bench-why: testbed
+	$(TESTBED) exec -- python /src/bench/why.py
 
 # The small workload of issue 10 on the production policy defaults, RUNS times (about
 # 15-25 min each): 8 one-minute jobs, 4 more six minutes later, from zero pilots;

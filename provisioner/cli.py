@@ -1,5 +1,5 @@
 """`provisioner run | once | status | report | check-config | xcache-url | bench | campaign |
-image | init | site`."""
+image | init | site | why`."""
 
 from __future__ import annotations
 
@@ -139,6 +139,10 @@ def main(argv: list[str] | None = None) -> int:
         from provisioner.data.campaign.command import main as campaign_main
 
         return campaign_main(argv[1:])
+    if argv[:1] == ["why"]:  # any user, no configuration; its own parser, as campaign
+        from provisioner.service.why import main as why_main
+
+        return why_main(argv[1:])
     if argv[:1] == ["image"]:  # no configuration needed; its own parser, as campaign
         from provisioner.data.image import main as image_main
 
@@ -178,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     campaign = sub.add_parser("campaign", help="benchmark campaigns: `campaign run FILE.yaml`, "
                               "`campaign report DIR` (needs a running service)", add_help=False)
     campaign.add_argument("args", nargs=argparse.REMAINDER)
+    why = sub.add_parser("why", help="why a job waits, runs or is held: `why "
+                         "CLUSTER[.PROC]` (any user; no configuration needed)", add_help=False)
+    why.add_argument("args", nargs=argparse.REMAINDER)
     image = sub.add_parser("image", help="payload images: `image check IMAGE.sif` runs its "
                            "%%test, checks its environment, measures start-up and size (no "
                            "configuration needed)", add_help=False)
@@ -197,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:
         from provisioner.data.campaign.command import main as campaign_main
 
         return campaign_main(args.args)  # after global options: provisioner -v campaign ...
+    if args.command == "why":
+        from provisioner.service.why import main as why_main
+
+        return why_main(args.args)
     if args.command == "image":
         from provisioner.data.image import main as image_main
 

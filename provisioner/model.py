@@ -335,6 +335,9 @@ class Plan:
     unneeded: tuple[str, ...] = ()
     #: pending pilots past their expected start whose jobs were placed anew this cycle
     hedges: tuple[str, ...] = ()
+    #: demand shapes with jobs left without capacity (caps, limits, the per-cycle
+    #: budget), and how many: why those jobs wait (`provisioner.decide.explain`)
+    unplaced: tuple[tuple[JobShape, int], ...] = ()
 
     @property
     def submits(self) -> tuple[Submit, ...]:

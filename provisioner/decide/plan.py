@@ -575,4 +575,5 @@ def _plan(snapshot: Snapshot, memory: CycleMemory, config: Config, now: float) -
         reserve_lead_s=reserve_lead(memory, config) if ghosts or sized else 0.0,
         unneeded=tuple(unneeded),
         hedges=tuple(sorted(set(late) - memory.hedged)) if actions else (),
+        unplaced=tuple((r.shape, r.left) for r in rows if r.left),
     )

@@ -27,9 +27,11 @@ from typing import Any
 from provisioner.config import Config, SiteConfig
 from provisioner.decide.failed_starts import describe_failing
 from provisioner.decide.matching import item_of, matched_sites
+from provisioner.decide.reasons import STUCK_TEXT
 from provisioner.model import Demand, FailingStarts, JobShape, Pilot, PilotState, Snapshot
 
-STUCK = "stuck: matches no pilot in practice"
+#: The reason a stuck shape's report starts with (the vocabulary's, `Reason.STUCK`).
+STUCK = STUCK_TEXT
 
 
 @dataclass

@@ -104,7 +104,7 @@ def next_steps(directory: Path, owner: str) -> str:
 Left to do (none of these secrets is made by init):
 1. On the central manager (with the pool's signing key), the service's token:
      condor_token_create -identity provisioner@DOMAIN -authz READ -authz WRITE \\
-       > {d}/tokens.d/provisioner
+       -authz DAEMON > {d}/tokens.d/provisioner
      chown {owner}: {d}/tokens.d/provisioner && chmod 600 {d}/tokens.d/provisioner
    and the pilots' token, to install at each site readable by the pilot account only:
      condor_token_create -identity pilot@DOMAIN -authz READ -authz ADVERTISE_MASTER \\

@@ -60,6 +60,7 @@ from provisioner.service.cycle_text import action_target, breakers_of, describe,
 from provisioner.service.journal import Journal
 from provisioner.service.ledger import Ledger
 from provisioner.service.metrics import Metrics, MetricsError, circuit_codes, limit_codes
+from provisioner.service.publish import Publisher
 from provisioner.service.submitter import refusal_kind, submit_all
 from provisioner.service.ticker import decide, tick
 from provisioner.sites import make_backend
@@ -103,6 +104,8 @@ class Provisioner:
         self.metrics = Metrics()  # served only by start_metrics() (`provisioner run`)
         self.ledger = Ledger(self.journal, self.metrics, self.pool, self.backends)
         self.wakeup = Wakeup()  # an early quick check, asked for by the event log follower
+        # why each shape waits, advertised for `provisioner why` (not by a fake pool)
+        self.publisher = Publisher(config, getattr(self.pool, "htcondor", None), self.metrics)
 
     def start_metrics(self) -> bool:
         """Serve the Prometheus endpoint if configured. A failure (address in use) is
@@ -385,6 +388,7 @@ class Provisioner:
         if not dry_run:
             with self.journal.batch():
                 self._record(cycle, result, line, now, reason)
+            self.publisher.publish(self.controller, result, now)
         # Logged once the journal holds the cycle: `provisioner status` (which reads the
         # journal) agrees with a log line from the moment it is written.
         for change in self.controller.transitions if not dry_run else ():

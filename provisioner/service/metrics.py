@@ -20,6 +20,7 @@ from provisioner.config import MetricsConfig, SiteConfig
 from provisioner.decide.breaker import BreakerState
 from provisioner.decide.limits import SiteLimits
 from provisioner.decide.matching import item_of, site_rejects
+from provisioner.decide.reasons import Reason
 from provisioner.model import Demand, Pilot, PilotState, Unmatchable
 from provisioner.service.accounting import HOUR_S, JobRun, PilotRecord
 
@@ -31,6 +32,9 @@ SERIES: dict[str, tuple[str, tuple[str, ...], str]] = {
                       "fits several sites counts at each; site=\"none\": unmatchable)"),
     P + "unmatchable_jobs": ("gauge", (), "Idle jobs no configured site can run"),
     P + "unmatchable_groups": ("gauge", (), "Job shapes no configured site can run"),
+    P + "waiting_jobs": ("gauge", ("reason",), "Idle jobs by why they wait, as `provisioner "
+                         "why` says it (the codes of provisioner.decide.reasons; a shape's "
+                         "jobs under its first reason)"),
     P + "pilots": ("gauge", ("site", "state"), "Pilots by site and state"),
     P + "allocated_cores": ("gauge", ("site",), "Cores of pilots running in SLURM now"),
     P + "claimed_cores": ("gauge", ("site",), "Cores claimed by jobs on pilots now"),
@@ -243,6 +247,12 @@ class Metrics:
             self._metric("claimed_cores", site=site).set(cores[site].claimed)
             self._metric("allocated_gpus", site=site).set(cores[site].allocated_gpus)
             self._metric("claimed_gpus", site=site).set(cores[site].claimed_gpus)
+
+    def waiting(self, counts: Mapping[str, int]) -> None:
+        """Idle jobs per reason code (`provisioner.decide.explain.Report.waiting`); every
+        code of the vocabulary is set, 0 when no job waits for it."""
+        for reason in Reason:
+            self._metric("waiting_jobs", reason=reason.value).set(counts.get(reason.value, 0))
 
     def pilot_events(self, started: Iterable[tuple[str, float]],
                      joined: Iterable[tuple[str, float]],

@@ -9,7 +9,9 @@ cores_allocated, cores_claimed,
 lead_time_p50_s {queue_wait, boot}, learnt {queue_wait_s, boot_s, samples} (the
 estimate placement uses, kept in the journal; the configured defaults while samples is
 0), flagged}], ``demand`` [{cores, memory_mb,
-runtime_s, idle, sites}], ``unmatchable`` [{cores, memory_mb, idle, reason}],
+runtime_s, idle, sites}], ``unmatchable`` [{cores, memory_mb, idle, reason, code}] (`code`:
+the reason's code in `provisioner.decide.reasons`, as `provisioner why` and the metrics
+name it),
 ``failing_starts`` [{cores, memory_mb, jobs, failed_starts, cooling, reason}] (idle jobs
 whose last start failed: the starter's error, `provisioner.decide.failed_starts`),
 ``flagged`` [pilot keys], ``last_cycle`` {at, age_s, summary, duration_s, actions} or null.
@@ -23,6 +25,7 @@ from typing import Any
 from provisioner.config import Config
 from provisioner.decide.failed_starts import cause
 from provisioner.decide.matching import match_demand
+from provisioner.decide.reasons import unmatchable_reason
 from provisioner.model import Pilot, PilotState, Snapshot
 from provisioner.service.accounting import PilotRecord, percentile
 from provisioner.service.metrics import cores_by_site
@@ -98,7 +101,8 @@ def gather(config: Config, snap: Snapshot, now: float, breakers: Mapping[str, st
                  "schedds_unknown": list(snap.schedds_unknown)},
         "sites": sites, "demand": demand,
         "unmatchable": [{"cores": u.shape.cpus, "memory_mb": u.shape.memory_mb,
-                         "idle": u.idle, "reason": u.reason} for u in unmatchable],
+                         "idle": u.idle, "reason": u.reason,
+                         "code": unmatchable_reason(u.reason).value} for u in unmatchable],
         "failing_starts": [{"cores": g.shape.cpus, "memory_mb": g.shape.memory_mb,
                             "jobs": g.jobs, "failed_starts": g.failed_starts,
                             "cooling": g.cooling, "reason": cause(g.reason)}

@@ -22,9 +22,10 @@ token() {  # identity, file, owner, [authz...]
 token condor@testbed /etc/condor/tokens.d/condor root
 # The provisioner service (its own unprivileged account): it reads the pool, and
 # asks the schedd for a negotiation when a pilot joins (condor_reschedule needs
-# WRITE); releases go through SLURM.
+# WRITE), and advertises its status ad to the collector (DAEMON); releases go
+# through SLURM.
 install -d -o provisioner -g provisioner -m 0700 /etc/provisioner/tokens.d
-token provisioner@testbed /etc/provisioner/tokens.d/provisioner provisioner READ WRITE
+token provisioner@testbed /etc/provisioner/tokens.d/provisioner provisioner READ WRITE DAEMON
 # The same identity for root on cm (tests, the demo, an admin's tools): HTCondor
 # reads a token only from a file its reader owns.
 install -d -m 0700 /root/.condor/tokens.d

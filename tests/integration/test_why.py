@@ -1,0 +1,184 @@
+"""`provisioner why` as alice on the submit host, against the real service's status ad
+(issue 39): a job no site can run names the largest offer, an ordinary job its pilot,
+a job of a shape only a site at its submission limit can run the limit, and a stopped
+service its silence. Bad input: a malformed id, a job that does not exist, another
+user's job (no paths shown). Each answer's text is printed (`pytest -s` shows them)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import run
+from servicectl import Service, pilot_ids, service_dir, write_config
+from test_limits import LIMIT_FILE, limited  # noqa: F401 (a fixture)
+from test_loop import clean_pool, gated_jobs_left, submit_gated, submit_script, wait_for
+
+WHY = "/opt/venv/bin/provisioner"
+TERA_MB = 1024 * 1024
+
+
+def why(*args: str, user: str = "alice") -> subprocess.CompletedProcess[str]:
+    """`provisioner why ARGS` as `user` (no configuration, no token: the pool's READ)."""
+    return run([WHY, "why", *args], user=user, check=False, cwd=f"/home/{user}")
+
+
+def answers(job: str, user: str = "alice") -> dict[str, dict]:  # type: ignore[type-arg]
+    """job id -> its JSON answer."""
+    res = why("--json", job, user=user)
+    assert res.returncode == 0, res.stderr
+    return {a["job"]: a for a in json.loads(res.stdout)["answers"]}
+
+
+def until(job: str, pattern: str, timeout: float, user: str = "alice",
+          step: float = 1.0) -> str:
+    """`why JOB`'s output once its text matches `pattern`; on time-out, the last one."""
+    last: list[str] = []
+
+    def poll() -> str | None:
+        res = why(job, user=user)
+        last[:] = [f"exit {res.returncode}: {res.stdout}{res.stderr}"]
+        return res.stdout if res.returncode == 0 and re.search(pattern, res.stdout, re.I) else None
+    try:
+        return str(wait_for(f"why {job}: {pattern}", poll, timeout, step=step))
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the last answer: {last}") from None
+
+
+@pytest.fixture
+def service() -> Iterator[Service]:
+    clean_pool()
+    directory = service_dir()
+    svc = Service(write_config(directory), directory / "service.log")
+    svc.start()
+    try:
+        yield svc
+    finally:
+        svc.stop()
+        clean_pool()
+
+
+def test_why_tells_alice_what_the_provisioner_does(service: Service) -> None:
+    big = submit_script("why-tera", "true\n", 1, extra=f"request_memory = {TERA_MB}\n")
+    ordinary = submit_gated("why-ordinary", 1)
+    # from this service's report (a stopped one's ad may still say the same, stale)
+    text = until(big, "\n  No site offers", 60)
+    print(f"--- why {big} (1 TB) ---\n{text}")
+    assert f"{big}.0 (alice, idle): 1 core, 1 TB" in str(text)
+    assert re.search(r"No site offers 1 TB per job; the largest is (gsi|frankfurt)'s 7.6 GB",
+                     str(text)), text
+    text = until(ordinary, r"pending at|starting at|Running on pilot", 90, step=0.5)
+    print(f"--- why {ordinary} (while its pilot comes) ---\n{text}")
+    text = until(ordinary, "Running on pilot", 180)
+    print(f"--- why {ordinary} (running) ---\n{text}")
+    site, job_id = re.search(r"Running on pilot (\w+)/(\d+) since \d\d:\d\d",
+                             str(text)).groups()  # type: ignore[union-attr]
+    assert job_id in pilot_ids(site), (site, job_id, text)
+    a = answers(ordinary)[f"{ordinary}.0"]
+    assert a["reason"] == "running" and a["params"]["site"] == site
+    # bad input: one clear line, a status scripts can test
+    res = why("12x")
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "'12x'" in res.stderr
+    res = why("999999")
+    assert res.returncode == 3 and "no job 999999 in the queue" in res.stderr, res.stderr
+    print(f"--- why 12x / why 999999 ---\n{why('12x').stderr}{res.stderr}")
+    # another user's job: its reason, none of its paths
+    res = why(big, user="bob")
+    print(f"--- why {big} as bob ---\n{res.stdout}")
+    assert res.returncode == 0 and "No site offers 1 TB" in res.stdout
+    assert "/home/alice" not in why("--json", big, user="bob").stdout
+    # the service stopped: its last word, and how old it is
+    service.stop()
+    text = until(big, "has not reported for", 60)
+    print(f"--- why {big} (service stopped) ---\n{text}")
+    assert "what it last said: no site offers 1 TB" in str(text)
+    wait_for("the gated job done", lambda: gated_jobs_left(ordinary) == 0, 60, step=1)
+
+
+def _limited_gsi(data: dict) -> None:  # type: ignore[type-arg]
+    """gsi's own caps above the account's limit (SLURM's bites first), frankfurt out."""
+    for s in data["sites"]:
+        if s["name"] == "gsi":
+            s["caps"] = {"max_pilots": 4, "max_pending": 4, "max_submit_per_cycle": 4}
+
+
+def test_a_site_at_its_submission_limit(limited: None) -> None:  # noqa: F811
+    LIMIT_FILE.write_text("1\n")
+    clean_pool()
+    directory = service_dir()
+    svc = Service(write_config(directory, _limited_gsi), directory / "service.log")
+    gsi_only = 'request_cpus = 4\n+DesiredSites = "gsi"\n'
+    first = submit_gated("why-limit-1", 1, extra=gsi_only)
+    svc.start()
+    try:
+        until(first, "Running on pilot gsi/", 180)
+        second = submit_gated("why-limit-2", 1, extra=gsi_only)
+        text = until(second, "\n  gsi is at its submission limit", 120)
+        print(f"--- why {second} (gsi at its limit) ---\n{text}")
+        assert re.search(r"gsi is at its submission limit \(1 jobs?, \w+\); waiting for a "
+                         r"pilot there to end", str(text)), text
+        a = answers(second)[f"{second}.0"]
+        assert a["reason"] == "site_limit" and a["shape"]["cores"] == 4
+    finally:
+        svc.stop()
+        print(f"--- service log ---\n{svc.text()}")
+        clean_pool()
+
+
+def test_another_users_hold_reason_without_its_paths() -> None:
+    clean_pool()
+    held = submit_script("why-held", "true\n", 1, extra="hold = true\n")
+    run(["condor_hold", "-reason", "input /home/alice/secret/run7.root is missing", held],
+        user="alice")
+    try:
+        mine = until(held, "Held: ", 30)
+        print(f"--- why {held} (held, as alice) ---\n{mine}")
+        assert "/home/alice/secret/run7.root" in mine
+        other = until(held, "Held: ", 30, user="bob")
+        print(f"--- why {held} (held, as bob) ---\n{other}")
+        assert "/home/alice" not in other and "input <path> is missing" in other
+        assert "/home/alice" not in why("--json", held, user="bob").stdout
+    finally:
+        clean_pool()
+
+
+def test_a_status_ad_from_another_identity_is_not_believed() -> None:
+    """Pilots hold DAEMON at the collector too, so a pilot's token could advertise a
+    status ad of its own: `why` reads only the provisioner identity's."""
+    clean_pool()
+    big = submit_script("why-forged", "true\n", 1, extra=f"request_memory = {TERA_MB}\n")
+    key = answers(big)[f"{big}.0"]["shape"]["key"]
+    forged = (f'MyType = "ProvisionerStatus"\nName = "forged"\nSchema = 1\n'
+              f'ProvisionerId = "forged"\nWrittenAt = {int(time.time()) + 3600}\n'
+              f'CycleSeconds = 3600.0\nPoolKnown = true\nClassAdLifetime = 300\n'
+              f'Shapes = {{ [ Key = "{key}"; Idle = 1; Reason = "pilot_ready"; '
+              f'site = "forged"; pilot = "666" ] }}\n')
+    with tempfile.TemporaryDirectory(prefix="why-forged.", dir="/home/pilot") as tmp:
+        token, ads = Path(tmp) / "pilot", Path(tmp) / "ad"
+        token.write_bytes(Path("/etc/provisioner/pilot.token").read_bytes())
+        ads.write_text(forged)
+        run(["chown", "-R", "pilot:", tmp])
+        token.chmod(0o600)
+        pilot_env = {"_CONDOR_SEC_TOKEN_DIRECTORY": tmp,
+                     "_CONDOR_SEC_CLIENT_AUTHENTICATION_METHODS": "IDTOKENS"}
+        run(["condor_advertise", "UPDATE_AD_GENERIC", str(ads)], user="pilot", env=pilot_env)
+        try:
+            seen = wait_for("the forged ad in the collector", lambda: run(
+                ["condor_status", "-any", "-constraint", 'Name == "forged"', "-af",
+                 "AuthenticatedIdentity"]).stdout.strip(), 30)
+            assert seen == "pilot@testbed", seen
+            res = why(big)
+            print(f"--- why {big} beside a forged status ad ---\n{res.stdout}")
+            assert res.returncode == 0 and "forged" not in res.stdout, res.stdout
+        finally:
+            ads.write_text('MyType = "Query"\nTargetType = "ProvisionerStatus"\n'
+                           'Requirements = Name == "forged"\n')
+            run(["condor_advertise", "INVALIDATE_ADS_GENERIC", str(ads)], user="pilot",
+                env=pilot_env, check=False)
+            clean_pool()
