@@ -15,7 +15,8 @@ next end of a cool-down themselves.
 The provisioner knows each cool-down's end (`JobCoolDownExpiration`, read with the
 failed start). Once one has passed, it sets JobPrio of a job of its own on that schedd
 to the value it has (0): a held job that never runs (`Requirements` false), submitted
-when first needed and removed once no job of that schedd cools down. SetAttribute
+when first needed and removed once no job of that schedd has cooled down for
+`KEEP_S`. SetAttribute
 marks the list stale for any JobPrio write, changed or not; then it asks the schedd
 for a negotiation (condor_reschedule), whose first step rebuilds the list. No user's
 job or attribute is touched, and the provisioner needs no right beyond submitting
@@ -37,6 +38,9 @@ log = logging.getLogger(__name__)
 MARK_ATTR = "ProvisionerCoolDownNudge"
 #: The first HTCondor version whose schedd rebuilds its list when a cool-down ends.
 FIXED_IN = (24, 10, 2)
+#: Our job stays this long after the last cool-down ended (a job failing at start
+#: fails again within it: one job of ours serves all its tries).
+KEEP_S = 600.0
 #: The schedd compares `JobCoolDownExpiration >= now` (a job is runnable the second
 #: after it): the list is marked stale this long after the end.
 AFTER_END_S = 1.0
@@ -97,6 +101,7 @@ class Nudger:
         self.provisioner_id = provisioner_id
         self.ends = CoolDownEnds()
         self.own: dict[str, str] = {}  # schedd name -> its job of ours ("cluster.proc")
+        self.used: dict[str, float] = {}  # schedd name -> when its job was last written
 
     def _constraint(self) -> str:
         return f'{MARK_ATTR} == "{self.provisioner_id}"'
@@ -141,8 +146,10 @@ class Nudger:
                             "again (it is, at the schedd's own rebuild): %s", name, exc)
                 continue
             self.ends.passed_on(name, now)
+            self.used[name] = now
             marked.append(name)
-        for name in [n for n in self.own if not self.ends.cooling(n) and n in schedds]:
+        for name in [n for n in self.own if not self.ends.cooling(n) and n in schedds
+                     and now - self.used.get(n, 0.0) >= KEEP_S]:
             self._remove(name, schedds[name][0])
         return marked
 

@@ -89,6 +89,7 @@ class JournalHealth:
         self.metric = metric  # a Gauge (or None): 1 writable, 0 not
         self.fault: JournalFault | None = None
         self.unopened = False  # the journal could not be opened: one in memory meanwhile
+        self.said_waiting = False  # the submissions that wait were logged
         #: (at, kind, site, job id, text, outcome) of actions not recorded yet
         self.backlog: list[tuple[float, str, str, str, str, str]] = []
         self._set_metric(1)
@@ -117,9 +118,17 @@ class JournalHealth:
         log.warning("journal %s writable again after %.0f s; %d action(s) done meanwhile "
                     "recorded", self.path, now - self.fault.since, len(self.backlog))
         self.fault = None
+        self.said_waiting = False
         self.backlog.clear()
         self._set_metric(1)
         self._publish()
+
+    def waiting(self, submits: list[str]) -> None:
+        """This cycle's submissions wait for the journal: logged once per fault."""
+        if submits and not self.said_waiting:
+            log.warning("%d submission(s) wait for the journal (said once until it can be "
+                        "written): %s", len(submits), "; ".join(submits))
+            self.said_waiting = True
 
     def keep(self, at: float, row: tuple[str, str, str, str, str]) -> None:
         """An action done while the journal could not be written: recorded later."""

@@ -276,6 +276,7 @@ class Provisioner:
         """This cycle's submissions, a refused site's share placed anew elsewhere;
         none while the journal cannot record them (they wait)."""
         if not self.journal_health.writable:
+            self.journal_health.waiting([describe(a) for a in submits])
             return [(describe(a), WAITING) for a in submits]
         out = []
         for sent in submit_all(self.controller, submits, self._submit, self.clock()):

@@ -32,7 +32,6 @@ from servicectl import Service, SiteWatch, pilot_ids, service_dir, write_config
 from test_loop import clean_pool, gated_jobs_left, submit_gated, wait_for
 
 from provisioner.service.journal import Journal
-from provisioner.service.journal_health import WAITING
 
 #: The journal's own file system: room for the journal, not for much else.
 JOURNAL_FS = "size=4m,mode=0755"
@@ -120,7 +119,8 @@ def _full_then_back(svc: Service, config: Path, mnt: Path, journal: Path,
     # a job now: its pilot waits for the journal
     seen_before = {s: set(watch.seen[s]) for s in SITES}
     second = submit_gated("journal-full-2", 1)
-    wait_for("a submission waiting for the journal", lambda: WAITING in svc.text(), 120)
+    wait_for("a submission waiting for the journal",
+             lambda: "wait for the journal" in svc.text(), 120)
     assert not any(pilot_ids(s) for s in SITES), svc.text()
 
     # space returns: the journal takes the backlog, the waiting job gets its pilot;

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from provisioner.pool.cooldowns import (
     AFTER_END_S,
+    KEEP_S,
     MARK_ATTR,
     CoolDownEnds,
     Nudger,
@@ -94,8 +95,12 @@ def test_a_job_leaving_its_cool_down_is_offered_again_through_our_own_job() -> N
     assert nudger.nudge({"cm": (schedd, OLD)}, 150.0) == []  # 100 was passed on
     assert schedd.calls == []
     assert nudger.nudge({"cm": (schedd, OLD)}, 301.0) == ["cm"]
-    assert [c[0] for c in schedd.calls] == ["edit", "reschedule", "act"]  # one job reused
-    assert "testbed" in schedd.calls[2][2] and schedd.jobs == []  # then removed
+    assert [c[0] for c in schedd.calls] == ["edit", "reschedule"]  # one job reused
+    assert nudger.nudge({"cm": (schedd, OLD)}, 301.0 + KEEP_S - 1) == []
+    assert schedd.jobs != []  # kept for the next failed start a while
+    assert nudger.nudge({"cm": (schedd, OLD)}, 301.0 + KEEP_S) == []
+    assert schedd.calls[-1][0] == "act" and "testbed" in schedd.calls[-1][2]
+    assert schedd.jobs == []  # then removed
 
 
 def test_a_job_of_ours_left_by_an_earlier_run_is_reused() -> None:

@@ -62,11 +62,13 @@ def test_releases_go_on_submissions_wait_and_all_is_recorded_once_back(
     outcomes = prov.run_cycle("timer").outcomes
     assert [o for t, o in outcomes if t.startswith("submit")] == [WAITING], outcomes
     assert not any(c[0] == "submit" for b in backends.values() for c in b.calls)
+    cycles(prov, clock, 2)  # said once
     waiting = [a for a in prov.journal_health.backlog if a[-1] == WAITING]
     assert waiting == []  # a submission that waited is not an action done
     lines = journal_lines(caplog)
-    assert len(lines) == 1 and "cannot be written (permission:" in lines[0], lines
+    assert len(lines) == 2 and "cannot be written (permission:" in lines[0], lines
     assert "submissions wait" in lines[0]
+    assert lines[1].startswith("1 submission(s) wait for the journal"), lines
     assert not [r for r in caplog.records if r.exc_info]  # no traceback per cycle
     assert prov.metrics.gauge("journal_writable")._value.get() == 0
     fault = read_fault(tmp_path / "fault.json")
@@ -83,7 +85,7 @@ def test_releases_go_on_submissions_wait_and_all_is_recorded_once_back(
     prov.journal.db.execute("PRAGMA query_only = OFF")  # space returns
     cycles(prov, clock, 1)
     lines = journal_lines(caplog)
-    assert len(lines) == 2 and "writable again" in lines[1], lines
+    assert len(lines) == 3 and "writable again" in lines[2], lines
     cycles(prov, clock, 1)  # the first cycle that acts after it
     assert any(c[0] == "submit" for b in backends.values() for c in b.calls)
     assert prov.metrics.gauge("journal_writable")._value.get() == 1
@@ -93,7 +95,7 @@ def test_releases_go_on_submissions_wait_and_all_is_recorded_once_back(
     ).fetchall()
     assert ("release", "7") in {(k, j) for k, j, _ in rows}, rows
     cycles(prov, clock, 2)
-    assert len(journal_lines(caplog)) == 2  # nothing more while it stays writable
+    assert len(journal_lines(caplog)) == 3  # nothing more while it stays writable
 
 
 def test_a_corrupt_journal_is_kept_in_memory_until_it_can_be_opened(
@@ -111,7 +113,7 @@ def test_a_corrupt_journal_is_kept_in_memory_until_it_can_be_opened(
     cycles(prov, clock, 2)  # opened after the first one acted, so the second submits
     assert prov.journal_health.writable and prov.journal.path == str(path)
     assert any(c[0] == "submit" for b in backends.values() for c in b.calls)
-    assert len(journal_lines(caplog)) == 2
+    assert len(journal_lines(caplog)) == 3  # the fault, the waiting, the end
 
 
 @pytest.mark.parametrize(("text", "kind"), [
