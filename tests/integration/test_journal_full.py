@@ -1,17 +1,18 @@
 """The service's own disk full: the file system of its journal (a small tmpfs of its
-own, mounted by the test) filled while pilots run jobs.
+own, mounted by the test) filled while a pilot runs jobs.
 
-The service goes on with what is safe without a journal: the jobs end and their idle
-pilots are released and leave SLURM. The fault is one line in its log (no traceback per
-cycle), a line of `provisioner status` and `provisioner_journal_writable` 0. A job
-submitted meanwhile gets no pilot: its submission waits, and the cycle says so. Once
-space returns, the journal takes what was done meanwhile and the waiting job gets its
-pilot; the service restarted right after submits no pilot twice: every pilot SLURM
+The service goes on with what is safe without a journal: the jobs end, and the idle
+pilot is released and leaves SLURM (busy pilots are not retired here, so that it is
+idle). The fault is one line in its log (no
+traceback per cycle), a line of `provisioner status` and `provisioner_journal_writable`
+0. A job submitted meanwhile gets no pilot: its submission waits, and the log says so.
+Once space returns, the journal takes what was done meanwhile and the waiting job gets
+its pilot; the service restarted right after submits no pilot twice: every pilot SLURM
 ran is in the journal, once.
 
-To see the safeguard matter: delete the two lines of `Provisioner._submit_all` that
-return the waiting outcomes; the job submitted while the journal is full gets a pilot
-at once, which this test refuses.
+To see the safeguard matter: delete the lines of `Provisioner._submit_all` that return
+the waiting outcomes; the job submitted while the journal is full gets a pilot at once,
+which this test refuses.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from test_loop import clean_pool, gated_jobs_left, submit_gated, wait_for
 
 from provisioner.service.journal import Journal
 
+GSI_ONLY = '+DesiredSites = "gsi"\nrequirements = PilotSite == "gsi"\n'
 #: The journal's own file system: room for the journal, not for much else.
 JOURNAL_FS = "size=4m,mode=0755"
 
@@ -47,6 +49,12 @@ def small_fs() -> Iterator[Path]:
     finally:
         run(["umount", "-l", str(mnt)], check=False)
         mnt.rmdir()
+
+
+def no_retirement(data: dict) -> None:
+    """Busy pilots are not told to leave when their jobs end: they go idle, and are
+    released."""
+    data["policy"]["retire_when_done"] = False
 
 
 def fill(mnt: Path) -> Path:
@@ -87,7 +95,7 @@ def test_a_full_journal_releases_idle_pilots_and_submits_nothing_twice() -> None
     with small_fs() as mnt:
         directory = mnt / "service"
         directory.mkdir()
-        config = write_config(directory)
+        config = write_config(directory, no_retirement)
         journal = directory / "journal.sqlite"
         svc = Service(config, service_dir() / "service.log")  # the log: another disk
         try:
@@ -101,12 +109,12 @@ def test_a_full_journal_releases_idle_pilots_and_submits_nothing_twice() -> None
 
 def _full_then_back(svc: Service, config: Path, mnt: Path, journal: Path,
                     watch: SiteWatch) -> None:
-    first = submit_gated("journal-full", 2)
+    first = submit_gated("journal-full", 2, GSI_ONLY)
     svc.start()
     wait_for("both jobs running", lambda: jobs_running(first) == 2, 180)
     filler = fill(mnt)
     wait_for("the jobs done", lambda: gated_jobs_left(first) == 0, 120, step=2)
-    # their pilots, idle, are released and leave, though nothing can be recorded
+    # the pilot, idle, is released and leaves, though nothing can be recorded
     wait_for("no pilot left in SLURM", lambda: not any(pilot_ids(s) for s in SITES), 240,
              step=2)
     log = svc.text()
@@ -118,7 +126,7 @@ def _full_then_back(svc: Service, config: Path, mnt: Path, journal: Path,
 
     # a job now: its pilot waits for the journal
     seen_before = {s: set(watch.seen[s]) for s in SITES}
-    second = submit_gated("journal-full-2", 1)
+    second = submit_gated("journal-full-2", 1, GSI_ONLY)
     wait_for("a submission waiting for the journal",
              lambda: "wait for the journal" in svc.text(), 120)
     assert not any(pilot_ids(s) for s in SITES), svc.text()
