@@ -61,13 +61,13 @@ class CoolDownEnds:
     ends: dict[str, set[float]] = field(default_factory=dict)
 
     def seen(self, schedd: str, ends: Iterable[float]) -> None:
-        """A read of `schedd`'s queue: the ends of the cool-downs running now (a job
-        released or held since drops out with its end)."""
+        """A read of `schedd`'s queue: the ends of the cool-downs running now, added to
+        those not passed on yet. An end stays until it is passed on, even if a later
+        read no longer shows it: a read between the end and its hand-over sees the job
+        out of its cool-down, and the schedd still does not offer it."""
         now_ends = {float(e) for e in ends if e > 0}
         if now_ends:
-            self.ends[schedd] = now_ends
-        else:
-            self.ends.pop(schedd, None)
+            self.ends.setdefault(schedd, set()).update(now_ends)
 
     def due(self, now: float) -> tuple[str, ...]:
         """The schedds with a cool-down that ended at least `AFTER_END_S` before `now`."""
@@ -77,7 +77,10 @@ class CoolDownEnds:
     def passed_on(self, schedd: str, now: float) -> None:
         """The schedd's list was marked stale at `now`: the ends up to then are done."""
         left = {e for e in self.ends.get(schedd, ()) if e + AFTER_END_S > now}
-        self.seen(schedd, left)
+        if left:
+            self.ends[schedd] = left
+        else:
+            self.ends.pop(schedd, None)
 
     def cooling(self, schedd: str) -> bool:
         return bool(self.ends.get(schedd))

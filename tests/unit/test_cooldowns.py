@@ -80,6 +80,15 @@ def test_an_end_is_due_once_passed_and_done_once_passed_on(ends: list[float],
     assert e.cooling("cm") == any(x + AFTER_END_S > now for x in ends)
 
 
+def test_an_end_a_later_read_no_longer_shows_is_still_passed_on() -> None:
+    """The cycle that reads the queue a moment after the end sees the job idle and out
+    of its cool-down; the schedd still does not offer it until its list is rebuilt."""
+    e = CoolDownEnds()
+    e.seen("cm", [100.0])
+    e.seen("cm", [])  # read at 100.5: not cooling any more
+    assert e.due(100.5) == () and e.due(101.0) == ("cm",)
+
+
 def test_a_job_leaving_its_cool_down_is_offered_again_through_our_own_job() -> None:
     schedd = RecordingSchedd()
     nudger = Nudger(BINDINGS, "testbed")
