@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import logging
 import os
+import sqlite3
 import sys
 import time
 from collections.abc import Iterator
@@ -85,10 +86,15 @@ def cmd_status(config: Config, as_json: bool) -> int:
 
     from provisioner.decide.stuck import StuckGroups
     from provisioner.service.journal import Journal
+    from provisioner.service.journal_health import fault_path, kind_of, read_fault
     from provisioner.service.loop import Provisioner, breakers_of
     from provisioner.service.status import gather, render
 
-    journal = Journal.open_existing(config.journal)
+    try:
+        journal = Journal.open_existing(config.journal)
+        fault = read_fault(fault_path(config.pool.provisioner_id))
+    except (sqlite3.Error, OSError) as exc:
+        journal, fault = None, {"kind": kind_of(exc), "error": f"cannot be opened: {exc}"}
     prov = Provisioner(config, journal=journal or Journal(""))
     now = time.time()
     snap = prov.observe(now).snapshot
@@ -100,7 +106,7 @@ def cmd_status(config: Config, as_json: bool) -> int:
     snap = replace(snap, demand=stuck.mark(snap.demand))
     st = gather(config, snap, now, breakers_of(j), j.get("flagged", {}) or {},
                 j.pilots(since=now - 86400.0), j.get("last_cycle"), learnt.get("estimates"),
-                limits=j.get("limits") or {})
+                limits=j.get("limits") or {}, journal_fault=fault)
     print(json.dumps(st, indent=2, sort_keys=True) if as_json
           else render(st, tty=sys.stdout.isatty()))
     return 0
@@ -236,7 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     from provisioner.service.loop import Provisioner, run_forever
 
     with _locked(config):
-        run_forever(Provisioner(config))
+        from provisioner.service.journal_health import fault_path
+
+        run_forever(Provisioner(config, fault_file=fault_path(config.pool.provisioner_id)))
     return 0
 
 

@@ -29,6 +29,7 @@ from provisioner.decide.failed_starts import (
     start_failure,
 )
 from provisioner.model import Demand, JobShape
+from provisioner.pool.cooldowns import Nudger
 from provisioner.pool.schedds import QueueView, merge_views, negotiation_targets, roster
 from provisioner.pool.settled import SettledReads
 from provisioner.service.accounting import JobRun
@@ -246,6 +247,7 @@ def queue_view(ads: Iterable[Any], since: float | None = None, now: float | None
     for that many jobs alike; any other for one."""
     counts: Counter[JobShape] = Counter()
     failed: list[tuple[JobShape, StartFailure]] = []
+    ends: set[float] = set()
     arrivals: Counter[JobShape] = Counter()
     running: set[str] = set()
     total = older = 0
@@ -266,6 +268,8 @@ def queue_view(ads: Iterable[Any], since: float | None = None, now: float | None
                 failed.extend([(shape, failure)] * jobs)
             if not cooling(failure, now):
                 counts[shape] += jobs
+            elif failure is not None:
+                ends.add(failure.cooling_until)
         elif status in HOLDS_CLAIM and _str(ad, "RemoteHost"):
             running.add(startd_of(_str(ad, "RemoteHost")))
         if since is not None and shape is not None:
@@ -275,7 +279,7 @@ def queue_view(ads: Iterable[Any], since: float | None = None, now: float | None
                 older += jobs
     return QueueView(tuple(Demand(s, n) for s, n in counts.items()), frozenset(running),
                      tuple(Demand(s, n) for s, n in arrivals.items()), total, older, newest,
-                     fold(failed, now))
+                     fold(failed, now), cooling_ends=tuple(sorted(ends)))
 
 
 def read_queue(schedd: Any, group_by: Any, since: float | None = None,
@@ -395,6 +399,9 @@ class Pool:
         self.idle_by_schedd: dict[str, int] | None = None
         #: each schedd's settled idle jobs, kept between queue reads
         self.settled = SettledReads(GROUP_ATTRS, QUEUE_CONSTRAINT)
+        #: failed starts' cool-downs: each schedd offers the job again when one ends
+        self.nudger = Nudger(htcondor, cfg.provisioner_id)
+        self.versions: dict[str, str] = {}  # schedd name -> its CondorVersion
 
     def _collector(self) -> Any:
         return self.htcondor.Collector(self.cfg.collector)
@@ -413,6 +420,7 @@ class Pool:
         self.seen = r.seen
         if not r.read and not r.unknown:
             raise PoolUnreachable("the collector lists no schedd")
+        self.versions = {n: _str(by_name[n], "CondorVersion") for n in r.read}
         return {n: self.htcondor.Schedd(by_name[n]) for n in r.read}, r.unknown
 
     def _each(self, what: str, call: Callable[[str, Any], Any]
@@ -445,6 +453,8 @@ class Pool:
         views, unknown = self._each("queue query", lambda n, s: read_queue(
             s, opts.GroupBy, arrivals_since, now, self.settled, n, opts.SummaryOnly))
         self.settled.keep_only(set(views) | {name for name, _ in unknown})
+        for name, view in views.items():
+            self.nudger.ends.seen(name, view.cooling_ends)
         merged = merge_views(views, unknown)
         self.idle_by_schedd = dict(merged.idle_by_schedd)
         return merged
@@ -476,6 +486,20 @@ class Pool:
                 failed.append(f"{name}: {exc}")
         if failed:
             raise PoolUnreachable("schedd reschedule failed: " + "; ".join(failed))
+
+    def offer_cooled(self, now: float) -> list[str]:
+        """Have each schedd where a failed start's cool-down ended by `now` offer the
+        job again (`provisioner.pool.cooldowns`); the schedds asked. Nothing is read
+        while no cool-down is known."""
+        if not self.nudger.ends.ends and not self.nudger.own:
+            return []
+        try:
+            schedds, _unknown = self._schedds()
+        except PoolUnreachable as exc:
+            log.debug("cool-downs not passed on: %s", exc)
+            return []
+        return self.nudger.nudge({n: (s, self.versions.get(n, "")) for n, s in
+                                  schedds.items()}, now)
 
     def pilot_ads(self) -> dict[str, PilotAd]:
         """This provisioner's pilot startds: one collector query."""

@@ -39,6 +39,9 @@ class QueueView:
     unknown: tuple[tuple[str, str], ...] = ()
     #: Idle jobs per schedd read (where to ask for a negotiation).
     idle_by_schedd: Mapping[str, int] = field(default_factory=dict)
+    #: One schedd's view: when the cool-downs of its failed starts end
+    #: (`provisioner.pool.cooldowns`); not merged.
+    cooling_ends: tuple[float, ...] = ()
 
     @property
     def whole(self) -> bool:

@@ -142,14 +142,22 @@ class Journal:
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
         """The writes in the block are committed together when it ends (a cycle's
-        records cost one commit, not one each); nested blocks commit with the outer."""
+        records cost one commit, not one each); nested blocks commit with the outer.
+        A block left by an exception is rolled back whole (a cycle half recorded is
+        not recorded)."""
         self._depth += 1
+        done = False
         try:
             yield
+            done = True
         finally:
             self._depth -= 1
             if self._depth == 0:
-                self.db.commit()
+                if done:
+                    self.db.commit()
+                else:
+                    with contextlib.suppress(sqlite3.Error):
+                        self.db.rollback()
 
     # --- audit trail -----------------------------------------------------
     def cycle(self, reason: str, summary: str, timings: Mapping[str, float]) -> int:
@@ -162,11 +170,12 @@ class Journal:
         return int(cur.lastrowid or 0)
 
     def action(self, cycle: int, kind: str, site: str, job_id: str, detail: str,
-               outcome: str) -> None:
+               outcome: str, at: float | None = None) -> None:
+        """One action of `cycle`, done at `at` (default: now)."""
         self.db.execute(
             "INSERT INTO actions (cycle, at, kind, site, job_id, detail, outcome) "
             "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (cycle, time.time(), kind, site, job_id, detail, outcome))
+            (cycle, time.time() if at is None else at, kind, site, job_id, detail, outcome))
         self._commit()
 
     def put(self, key: str, value: Any) -> None:

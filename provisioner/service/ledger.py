@@ -14,6 +14,7 @@ pilot whose record cannot be read keeps its end from `squeue`.
 from __future__ import annotations
 
 import logging
+import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
@@ -90,6 +91,8 @@ class Ledger:
                 events.ended += got.ended
             for site in jobs:
                 self.read_end_records(site, now, events)
+        except sqlite3.Error:
+            raise  # the journal's own fault: the caller's (service.journal_health)
         except Exception:
             log.exception("pilot records not written this cycle")
         self.metrics.pilot_events(

@@ -15,10 +15,12 @@ negotiation asked for, the full observation).
 from __future__ import annotations
 
 import logging
+import sqlite3
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
+from pathlib import Path
 from typing import Any, ClassVar
 
 from provisioner.config import Config
@@ -58,6 +60,7 @@ from provisioner.pool.submit_events import EventLogFollower, Wakeup, resolve_pat
 from provisioner.service.cycle import CycleResult, Observation
 from provisioner.service.cycle_text import action_target, breakers_of, describe, summary_line
 from provisioner.service.journal import Journal
+from provisioner.service.journal_health import WAITING, JournalHealth
 from provisioner.service.ledger import Ledger
 from provisioner.service.metrics import Metrics, MetricsError, circuit_codes, limit_codes
 from provisioner.service.publish import Publisher
@@ -87,13 +90,18 @@ class Provisioner:
     def __init__(self, config: Config, pool: Pool | None = None,
                  backends: Mapping[str, SiteBackend] | None = None,
                  journal: Journal | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 fault_file: Path | None = None) -> None:
         self.config = config
         self.pool = pool or Pool(config.pool)
         self.backends = dict(backends) if backends is not None else {
             s.name: make_backend(s, config.pool) for s in config.sites}
-        self.journal = journal or Journal(config.journal)
         self.clock = clock
+        self.metrics = Metrics()  # served only by start_metrics() (`provisioner run`)
+        # the journal's faults (`fault_file`: where `provisioner status` reads them)
+        self.journal_health = JournalHealth(config.journal, fault_file,
+                                            self.metrics.gauge("journal_writable"))
+        self.journal = journal or self._open_journal()
         self.controller = Controller(config)
         self.controller.load(self.journal.get("controller"))  # learnt site estimates
         self.matcher = SiteMatcher(config)  # demand's Requirements vs each site's pilot
@@ -101,11 +109,20 @@ class Provisioner:
         self.disagreements = Disagreements()  # SLURM vs collector, each logged once
         # A site that keeps failing is asked again after a growing delay.
         self.backoff = SiteBackoff(base_s=min(config.policy.interval_s, 60.0), max_s=600.0)
-        self.metrics = Metrics()  # served only by start_metrics() (`provisioner run`)
         self.ledger = Ledger(self.journal, self.metrics, self.pool, self.backends)
         self.wakeup = Wakeup()  # an early quick check, asked for by the event log follower
         # why each shape waits, advertised for `provisioner why` (not by a fake pool)
         self.publisher = Publisher(config, getattr(self.pool, "htcondor", None), self.metrics)
+
+    def _open_journal(self) -> Journal:
+        """The configured journal, or, if it cannot be opened (a corrupt file, no
+        permission), one in memory until it can (`_record_cycle` tries again)."""
+        try:
+            return Journal(self.config.journal)
+        except (sqlite3.Error, OSError) as exc:
+            self.journal_health.failed(exc, self.clock())
+            self.journal_health.unopened = True
+            return Journal("")
 
     def start_metrics(self) -> bool:
         """Serve the Prometheus endpoint if configured. A failure (address in use) is
@@ -259,7 +276,11 @@ class Provisioner:
         return ids, error
 
     def _submit_all(self, submits: list[Submit]) -> list[tuple[str, str]]:
-        """This cycle's submissions, a refused site's share placed anew elsewhere."""
+        """This cycle's submissions, a refused site's share placed anew elsewhere;
+        none while the journal cannot record them (they wait)."""
+        if not self.journal_health.writable:
+            self.journal_health.waiting([describe(a) for a in submits])
+            return [(describe(a), WAITING) for a in submits]
         out = []
         for sent in submit_all(self.controller, submits, self._submit, self.clock()):
             text = describe(sent.action) + (" (placed anew)" if sent.replanned else "")
@@ -386,8 +407,7 @@ class Provisioner:
         cycle.timings = {**decided.timings, "act": t3 - t2}
         line = summary_line(cycle)
         if not dry_run:
-            with self.journal.batch():
-                self._record(cycle, result, line, now, reason)
+            self._record_cycle(cycle, result, line, now, reason)
             self.publisher.publish(self.controller, result, now)
         # Logged once the journal holds the cycle: `provisioner status` (which reads the
         # journal) agrees with a log line from the moment it is written.
@@ -396,12 +416,23 @@ class Provisioner:
         log.info("cycle %d (%s): %s", self.cycles, reason, line)
         return cycle
 
-    def _record(self, cycle: CycleResult, result: Plan, line: str, now: float,
-                reason: str) -> None:
-        """The cycle into the journal (one commit), the accounting and the metrics."""
+    def _record_cycle(self, cycle: CycleResult, result: Plan, line: str, now: float,
+                      reason: str) -> None:
+        """The cycle's metrics, then its records, if the journal can take them
+        (`provisioner.service.journal_health`)."""
+        self._cycle_metrics(cycle, result, now)
+        if self.journal_health.unopened:
+            try:
+                self.journal = self.ledger.journal = Journal(self.config.journal)
+            except (sqlite3.Error, OSError):
+                self.journal_health.missed(cycle.outcomes, now)
+                return
+            self.journal_health.unopened = False
+        self.journal_health.record(self.journal, lambda: self._record(
+            cycle, result, line, now, reason), cycle.outcomes, now)
+
+    def _cycle_metrics(self, cycle: CycleResult, result: Plan, now: float) -> None:
         obs = cycle.observation
-        self.ledger.explain_unmatchable(obs.snapshot.pool_known, result.unmatchable)
-        self.ledger.account(obs.jobs, frozenset(obs.ads), obs.snapshot.pool_known, now)
         self.metrics.cycle(
             now=now, timings=cycle.timings, sites=self.config.sites,
             pool_known=obs.snapshot.pool_known, demand=obs.snapshot.demand,
@@ -411,6 +442,13 @@ class Provisioner:
             schedds_unknown=len(obs.snapshot.schedds_unknown),
             limits=limit_codes(self.controller.limits, self.controller.held_now(obs.snapshot),
                                self.config.site_names, self.clock()))
+
+    def _record(self, cycle: CycleResult, result: Plan, line: str, now: float,
+                reason: str) -> None:
+        """The cycle into the journal (the caller's one commit) and the accounting."""
+        obs = cycle.observation
+        self.ledger.explain_unmatchable(obs.snapshot.pool_known, result.unmatchable)
+        self.ledger.account(obs.jobs, frozenset(obs.ads), obs.snapshot.pool_known, now)
         cid = self.journal.cycle(reason, line, cycle.timings)
         for text, outcome in cycle.outcomes:
             kind = text.split(" ", 1)[0]
@@ -432,6 +470,8 @@ class Provisioner:
         The sequence is `provisioner.service.ticker.tick`'s."""
         now = self.clock()
         woken = self.wakeup.take()
+        # a failed start's cool-down that ended: its schedd offers the job again
+        self.metrics.count("cool_down_nudges", n=len(self.pool.offer_cooled(now)))
         done = tick(self.controller, self, now, woken)
         if done.reason:
             return self.run_cycle(done.reason, now=now)

@@ -60,6 +60,12 @@ SERIES: dict[str, tuple[str, tuple[str, ...], str]] = {
     P + "negotiations_requested_total": ("counter", (), "Negotiations asked of the schedd "
                                          "(condor_reschedule) because a pilot joined idle "
                                          "while jobs waited"),
+    P + "cool_down_nudges_total": ("counter", (), "Schedds asked to offer again a job "
+                                   "whose failed start's cool-down ended (HTCondor before "
+                                   "24.10.2 waits up to 20 minutes otherwise)"),
+    P + "journal_writable": ("gauge", (), "1 if the journal can be written, 0 if not "
+                             "(full, not writable, corrupt: submissions wait; releases, "
+                             "retirements and cancels go on)"),
     P + "last_cycle_timestamp_seconds": ("gauge", (), "When the last full cycle began"),
     P + "site_read_errors_total": ("counter", ("site",), "Failed squeue reads of a site"),
     P + "site_circuit_state": ("gauge", ("site",),
@@ -205,6 +211,10 @@ class Metrics:
     def _metric(self, name: str, **labels: str) -> Any:
         m = self._m[P + name]
         return m.labels(**labels) if labels else m
+
+    def gauge(self, name: str) -> Any:
+        """The unlabelled gauge `name` (without prefix), for a part that sets it."""
+        return self._metric(name)
 
     # --- updates ---------------------------------------------------------
     def cycle(self, *, now: float, timings: Mapping[str, float], sites: Sequence[SiteConfig],

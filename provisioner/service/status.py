@@ -14,7 +14,10 @@ the reason's code in `provisioner.decide.reasons`, as `provisioner why` and the 
 name it),
 ``failing_starts`` [{cores, memory_mb, jobs, failed_starts, cooling, reason}] (idle jobs
 whose last start failed: the starter's error, `provisioner.decide.failed_starts`),
-``flagged`` [pilot keys], ``last_cycle`` {at, age_s, summary, duration_s, actions} or null.
+``flagged`` [pilot keys], ``last_cycle`` {at, age_s, summary, duration_s, actions} or null,
+``journal`` {path, writable, kind, error, since} (what the running service says of its
+journal, `provisioner.service.journal_health`; not writable also when status cannot
+open it).
 """
 
 from __future__ import annotations
@@ -62,7 +65,8 @@ def gather(config: Config, snap: Snapshot, now: float, breakers: Mapping[str, st
            flagged: Mapping[str, float], records: Sequence[PilotRecord],
            last: Mapping[str, Any] | None,
            learnt: Mapping[str, Mapping[str, float]] | None = None,
-           limits: Mapping[str, str] | None = None) -> dict[str, Any]:
+           limits: Mapping[str, str] | None = None,
+           journal_fault: Mapping[str, Any] | None = None) -> dict[str, Any]:
     cores = cores_by_site(snap.pilots, config.site_names)
     sites = []
     for view in snap.sites:
@@ -107,7 +111,11 @@ def gather(config: Config, snap: Snapshot, now: float, breakers: Mapping[str, st
                             "jobs": g.jobs, "failed_starts": g.failed_starts,
                             "cooling": g.cooling, "reason": cause(g.reason)}
                            for g in snap.failing] if snap.pool_known else [],
-        "flagged": sorted(flagged), "last_cycle": last_cycle}
+        "flagged": sorted(flagged), "last_cycle": last_cycle,
+        "journal": {"path": config.journal, "writable": not journal_fault,
+                    "error": str((journal_fault or {}).get("error", "")),
+                    "kind": str((journal_fault or {}).get("kind", "")),
+                    "since": (journal_fault or {}).get("since")}}
 
 
 def _table(rows: list[list[str]], header: list[str]) -> list[str]:
@@ -132,6 +140,13 @@ def render(st: Mapping[str, Any], tty: bool = False) -> str:
     elif pool.get("schedds_unknown"):
         out.append(red(f"  schedd {', '.join(pool['schedds_unknown'])}: UNKNOWN (unreadable; "
                        "no scale-down, the other schedds' demand is provisioned for)"))
+    journal = st.get("journal") or {}
+    if journal and not journal["writable"]:
+        since = journal.get("since")
+        when = f" for {_dur(float(st['at']) - float(since))}" if since else ""
+        out.append(red(f"  journal {journal['path']}: CANNOT BE WRITTEN{when} "
+                       f"({journal['kind']}: {journal['error']}): submissions wait; "
+                       "releases, retirements and cancels go on"))
     for s in st["sites"]:
         head = f"\nSite {s['name']}: " + ("ok" if s["known"] else red(f"UNKNOWN ({s['error']})"))
         circuit = s["circuit"]

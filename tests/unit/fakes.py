@@ -67,6 +67,9 @@ class FakePool:
     def reschedule(self) -> None:
         self.reschedules += 1
 
+    def offer_cooled(self, now: float) -> list[str]:
+        return []
+
 
 @dataclass
 class FakeBackend:

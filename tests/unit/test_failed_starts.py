@@ -103,6 +103,7 @@ def test_the_queue_reads_failed_starts_and_a_cooling_job_is_not_demand() -> None
     view = queue_view(ads, now=NOW)
     assert [(d.shape, d.idle) for d in view.demand] == [(SHAPE, 3)]
     assert view.failing == (FailingStarts(SHAPE, 2, 2, ERROR, 1),)
+    assert view.cooling_ends == (NOW + 200,)  # when its schedd must offer it again
     # without a time, nothing is taken to be cooling
     assert queue_view(ads).demand[0].idle == 4
 
