@@ -130,6 +130,13 @@ class SiteBreakers:
                 out[site] = limit
         return out
 
+    def paused(self) -> dict[str, tuple[int, float | None]]:
+        """Sites behind an open or half-open breaker: how many pilots in a row never
+        joined, and when the breaker opens to a test (None: half-open, a pilot tests
+        the site now)."""
+        return {site: (st.failures, st.open_until) for site, st in sorted(self.states.items())
+                if st.open_until is not None or st.probing}
+
     def snapshot(self, now: float) -> dict[str, str]:
         """Each site's breaker in words (for the journal and `provisioner status`)."""
         return {site: st.describe(now) for site, st in sorted(self.states.items())}

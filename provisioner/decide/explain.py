@@ -78,11 +78,13 @@ class Report:
 @dataclass(frozen=True)
 class SiteWords:
     """What the service knows of each site beside the plan: SLURM limits and circuit
-    breakers in words (site -> text; absent: none), learnt lead times (site -> seconds
-    from submission to a usable slot)."""
+    breakers in words (site -> text; absent: none), the paused sites' breakers (site ->
+    pilots in a row that never joined, the end of the pause or None while a pilot tests
+    it), learnt lead times (site -> seconds from submission to a usable slot)."""
 
     limits: Mapping[str, str] = field(default_factory=dict)
     breakers: Mapping[str, str] = field(default_factory=dict)
+    paused: Mapping[str, tuple[int, float | None]] = field(default_factory=dict)
     lead_s: Mapping[str, float] = field(default_factory=dict)
 
 
@@ -132,8 +134,14 @@ def blocked(site: str, cap: Cap | None, words: SiteWords) -> Why:
     if cap is Cap.SITE_UNKNOWN:
         return Why(Reason.SITE_UNKNOWN, {"site": site})
     if cap is Cap.BREAKER:
-        return Why(Reason.SITE_PAUSED, {"site": site,
-                                        "breaker": _clip(words.breakers.get(site, ""))})
+        params: dict[str, Any] = {"site": site,
+                                  "breaker": _clip(words.breakers.get(site, ""))}
+        failures, until = words.paused.get(site, (0, None))
+        if failures:
+            params["failures"] = failures
+        if until is not None:
+            params["until"] = round(until)
+        return Why(Reason.SITE_PAUSED, params)
     if cap is Cap.SLURM_LIMITS:
         return Why(Reason.SITE_LIMIT, {"site": site, "limit": _clip(words.limits.get(site, ""))})
     if cap is Cap.POLICY_MAX_SUBMIT:

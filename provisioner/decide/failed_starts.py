@@ -45,6 +45,10 @@ FAILED_START_WITHIN_S = 60
 #: tries", "ProcD has failed": src/condor_utils/proc_family_proxy.cpp) or its startd
 #: ("FAILED TO SEND INITIAL KEEP ALIVE TO OUR PARENT": daemon_keep_alive.cpp).
 PILOT_LOST = "ProcD|KEEP ALIVE TO OUR PARENT"
+#: PROVISIONER_START_ERROR of the pool's policy (condor_config; a unit test keeps the two
+#: equal): a starter's error without the slot, the starter's and Apptainer's prefixes.
+START_ERROR = (r"^(Error from [^ ]*: )?(Singularity test failed: *|The job wrapper failed "
+               r"to execute the job: *)?(FATAL: *)?(.*)$")
 #: The job attributes read for it (added to the queue query's projection).
 START_ATTRS = ("VacateReasonCode", "VacateReason", "JobCurrentStartDate",
                "JobCurrentStartExecutingDate", "LastVacateTime", "NumJobCoolDowns",
@@ -124,6 +128,16 @@ def cause(reason: str) -> str:
         if sep and " " not in head[len("Error from "):]:
             return rest
     return reason
+
+
+def start_error(reason: str) -> str:
+    """A failed start's error as the pool's hold reason words it: "container image
+    could not be used: <Apptainer's error>" or "the job could not be started: <error>"."""
+    m = re.match(START_ERROR, reason, re.S)
+    error = m.group(4) if m else reason
+    if m and (m.group(2) or "").startswith("Singularity"):
+        return f"container image could not be used: {error}"
+    return f"the job could not be started: {error}"
 
 
 def describe_failing(g: FailingStarts, limit: int = 300) -> str:

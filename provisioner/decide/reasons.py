@@ -192,6 +192,27 @@ def _failed(w: Why) -> str:
     return text + "; the pool holds it after the third"
 
 
+def _paused(w: Why, now: float, clock: Clock) -> str:
+    site, n, until = w.get("site", "?"), w.get("failures"), w.get("until")
+    if not n:  # a report without the breaker's numbers
+        return (f"{site} is paused: its last pilots never joined the pool "
+                f"({w.get('breaker', 'circuit open')})")
+    text = f"{site} is paused: its last {n} pilots ended without joining the pool; "
+    if until is None:
+        return text + "one pilot tests it now, and more follow once it joins"
+    if float(until) <= now:
+        return text + "one pilot tests it at the provisioner's next cycle"
+    return (text + f"one pilot tests it again at {clock(float(until))} (in about "
+            f"{duration(float(until) - now)})")
+
+
+def _done(state: str) -> str:
+    if state == "completed":
+        return ("completed; nothing more is provisioned for it (it stays in the queue while "
+                "its leave_in_queue says so: condor_rm takes it out)")
+    return f"{state}; it leaves the queue shortly"
+
+
 def sentence(w: Why, now: float, clock: Clock = utc_clock) -> str:
     """`w` in one or two plain sentences, as `provisioner why` prints it; times of day
     by `clock`."""
@@ -212,8 +233,7 @@ def sentence(w: Why, now: float, clock: Clock = utc_clock) -> str:
         Reason.SITE_CAP: lambda: (f"{site} holds as many pilots as it may "
                                   f"({w.get('cap', 'its caps')}); waiting for a pilot "
                                   "there to end"),
-        Reason.SITE_PAUSED: lambda: (f"{site} is paused: its last pilots never joined the "
-                                     f"pool ({w.get('breaker', 'circuit open')})"),
+        Reason.SITE_PAUSED: lambda: _paused(w, now, clock),
         Reason.SITE_UNKNOWN: lambda: (f"{site} could not be read at the provisioner's last "
                                       "cycle; no pilot is sent there until it can"),
         Reason.NEXT_CYCLE: lambda: ("the provisioner sends a limited number of pilots per "
@@ -237,7 +257,7 @@ def sentence(w: Why, now: float, clock: Clock = utc_clock) -> str:
                                    "or it cannot advertise its status)"),
         Reason.WAITING: lambda: ("no pilot is on its way for it yet; the provisioner "
                                  "decides at its next cycle"),
-        Reason.DONE: lambda: f"{w.get('state', 'done')}; it leaves the queue shortly",
+        Reason.DONE: lambda: _done(str(w.get("state", "done"))),
     }
     text = texts[r]()
     also = w.get("also")

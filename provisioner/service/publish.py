@@ -33,7 +33,8 @@ def site_words(controller: Controller, config: Config, now: float) -> SiteWords:
         est = estimate_of(s.name, controller.memory.estimates, placement)
         leads[s.name] = est.wait_s + est.boot_s
     return SiteWords(limits=controller.limits.snapshot(held, now),
-                     breakers=controller.breakers.snapshot(now), lead_s=leads)
+                     breakers=controller.breakers.snapshot(now),
+                     paused=controller.breakers.paused(), lead_s=leads)
 
 
 def report_of(controller: Controller, config: Config, plan: Plan, now: float) -> Report | None:

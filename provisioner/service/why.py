@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from provisioner.decide.explain import Report, shape_key
-from provisioner.decide.failed_starts import cause
+from provisioner.decide.failed_starts import start_error
 from provisioner.decide.reasons import Reason, Why, sentence, shape_words, stale
 from provisioner.pool.job_ads import JobFacts, ToolFailed, read_jobs, tool
 
@@ -83,8 +83,11 @@ def from_job(job: JobFacts, mine: bool) -> Why | None:
         return _held(job, mine)
     if job.status in (3, 4):
         return Why(Reason.DONE, {"state": _STATES[job.status]})
-    if job.cooling and job.failed_starts:
-        text = cause(job.failure)
+    # its last try failed at start: so it stays until the next try, cooling down or not
+    # (a schedd may retry it long after its cool-down; the service then counts it as
+    # demand, and its report would tell only of the pilot waiting for it)
+    if job.failed_starts:
+        text = start_error(job.failure)
         return Why(Reason.FAILED_STARTS, {"failed_starts": job.failed_starts,
                                           "cause": text if mine else redact(text)})
     return None

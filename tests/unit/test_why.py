@@ -4,12 +4,14 @@ ad's round trip, and the answer a job gets (pure parts, plain data)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from provisioner.decide.explain import MAX_SHAPES, Report, ShapeEntry, SiteWords, explain, shape_key
+from provisioner.decide.failed_starts import START_ERROR, start_error
 from provisioner.decide.plan import plan
 from provisioner.decide.reasons import (
     Reason,
@@ -20,6 +22,7 @@ from provisioner.decide.reasons import (
     sentence,
     shape_words,
     unmatchable_reason,
+    utc_clock,
 )
 from provisioner.model import Demand, JobShape, PilotState
 from provisioner.pool import job_ads
@@ -128,6 +131,36 @@ def test_a_site_at_its_submission_limit_is_the_reason() -> None:
     assert e is not None and e.why.reason is Reason.SITE_LIMIT and e.unplaced == 1
     assert sentence(e.why, NOW) == ("gsi is at its submission limit (1 jobs, "
                                     "AssocMaxSubmitJobLimit); waiting for a pilot there to end")
+
+
+def test_a_paused_site_says_how_many_pilots_failed_and_when_it_is_tried_again() -> None:
+    only_fra = JobShape(1, 500, desired_sites=("frankfurt",))
+    words = SiteWords(breakers={"frankfurt": "open (2 pilots in a row never joined; "
+                                             "retried in 900 s)"},
+                      paused={"frankfurt": (2, NOW + 900)})
+    e = report_of([(only_fra, 1)], [], words, submit_limit={"frankfurt": 0}).entry(
+        shape_key(only_fra))
+    assert e is not None and e.why.reason is Reason.SITE_PAUSED
+    assert sentence(e.why, NOW + 300) == (
+        "frankfurt is paused: its last 2 pilots ended without joining the pool; one pilot "
+        f"tests it again at {utc_clock(NOW + 900)} (in about 10 min)")
+    assert sentence(e.why, NOW + 901).endswith("one pilot tests it at the provisioner's "
+                                               "next cycle")
+    testing = Why(Reason.SITE_PAUSED, {"site": "frankfurt", "failures": 3})
+    assert sentence(testing, NOW).endswith("one pilot tests it now, and more follow once "
+                                           "it joins")
+    # a report without the breaker's numbers still says why
+    old = Why(Reason.SITE_PAUSED, {"site": "frankfurt", "breaker": "open"})
+    assert sentence(old, NOW) == "frankfurt is paused: its last pilots never joined the pool (open)"
+
+
+def test_a_completed_job_kept_in_the_queue_is_not_said_to_leave() -> None:
+    a = answer(facts(status=4), [fresh()], NOW, "alice")
+    assert a["reason"] == "done" and a["text"].startswith("Completed; nothing more is "
+                                                          "provisioned for it")
+    assert "leaves the queue" not in a["text"]
+    assert answer(facts(status=3), [], NOW, "alice")["text"] == (
+        "Removed; it leaves the queue shortly.")
 
 
 def test_a_site_at_its_cap_and_the_per_cycle_budget() -> None:
@@ -265,7 +298,30 @@ def test_a_job_cooling_after_a_failed_start() -> None:
     job = facts(failed_starts=2, failure="Error from slot1@x: Singularity test failed: boom",
                 cooling=True)
     a = answer(job, [fresh()], NOW, "alice")
-    assert a["reason"] == "failed_starts" and "Singularity test failed: boom" in a["text"]
+    assert a["reason"] == "failed_starts" and a["text"].startswith(
+        "Its last start failed (2 failed starts): container image could not be used: boom;")
+    # its cool-down over, not yet retried: still its failed start, not the pilot's room
+    ready = fresh(ShapeEntry(shape_key(ONE), 1, Why(Reason.PILOT_READY, {"site": "gsi",
+                                                                     "pilot": "7"})))
+    a = answer(facts(failed_starts=1, failure="Error from slot1@x: Singularity test failed: "
+                     "boom", cooling=False), [ready], NOW, "alice")
+    assert a["reason"] == "failed_starts" and a["text"].startswith(
+        "Its last start failed (1 failed start): container image could not be used: boom")
+
+
+def test_a_failed_starts_error_is_worded_as_the_pools_hold_words_it() -> None:
+    for conf in ("submit.conf", "central-manager.conf"):
+        policy = Path(__file__).resolve().parents[2] / "condor_config" / conf
+        knob = next(line for line in policy.read_text().splitlines()
+                    if line.startswith("PROVISIONER_START_ERROR = "))
+        assert f'regexps("{START_ERROR}", VacateReason' in knob, conf
+    assert start_error("Error from slot1_2@pilot-gsi-2@gsi-n1: Singularity test failed:FATAL:"
+                       "   while extracting broken.sif: failed") == (
+        "container image could not be used: while extracting broken.sif: failed")
+    assert start_error("Error from slot1@n: The job wrapper failed to execute the job: "
+                       "executable /x does not exist") == (
+        "the job could not be started: executable /x does not exist")
+    assert start_error("odd") == "the job could not be started: odd"
 
 
 def test_redact_hides_paths_and_urls() -> None:
