@@ -1,8 +1,18 @@
 """`provisioner why` as alice on the submit host, against the real service's status ad
 (issue 39): a job no site can run names the largest offer, an ordinary job its pilot,
 a job of a shape only a site at its submission limit can run the limit, and a stopped
-service its silence. Bad input: a malformed id, a job that does not exist, another
-user's job (no paths shown). Each answer's text is printed (`pytest -s` shows them)."""
+service its silence (and a job submitted since, that it has not seen). With one more
+service: a job whose container image cannot be used, failing to start and then held by
+the pool's policy; a job only a site behind its open circuit breaker can run; a job
+whose Requirements no site meets; a completed job kept in the queue. Bad input: a
+malformed id, a job that does not exist, another user's job (no paths shown). Each
+answer's text is printed (`pytest -s` shows them).
+
+Not produced here: a pilot in the pool with room (the negotiator takes the job within
+seconds), the per-cycle budget and "no pilot on its way yet" (one cycle long), a
+stuck shape (minutes of an unmatched pilot: test_matching), a site or the pool that
+cannot be read and a pool no provisioner reports to (the unit tests: each needs a
+daemon of the testbed broken or an ad withdrawn under the provisioner's identity)."""
 
 from __future__ import annotations
 
@@ -18,7 +28,14 @@ import pytest
 from conftest import run
 from servicectl import Service, pilot_ids, service_dir, write_config
 from test_limits import LIMIT_FILE, limited  # noqa: F401 (a fixture)
-from test_loop import clean_pool, gated_jobs_left, submit_gated, submit_script, wait_for
+from test_loop import (
+    ALICE,
+    clean_pool,
+    gated_jobs_left,
+    submit_gated,
+    submit_script,
+    wait_for,
+)
 
 WHY = "/opt/venv/bin/provisioner"
 TERA_MB = 1024 * 1024
@@ -98,6 +115,12 @@ def test_why_tells_alice_what_the_provisioner_does(service: Service) -> None:
     text = until(big, "has not reported for", 60)
     print(f"--- why {big} (service stopped) ---\n{text}")
     assert "what it last said: no site offers 1 TB" in str(text)
+    # a job of a shape of its own submitted since: not in the last report
+    late = submit_script("why-late", "true\n", 1, extra="request_memory = 777\n")
+    text = until(late, "has not reported for", 30)
+    print(f"--- why {late} (submitted after the last report) ---\n{text}")
+    assert "what it last said: submitted after the provisioner's last cycle (" in text, text
+    assert answers(late)[f"{late}.0"]["reason"] == "not_seen"
     wait_for("the gated job done", lambda: gated_jobs_left(ordinary) == 0, 60, step=1)
 
 
@@ -182,3 +205,68 @@ def test_a_status_ad_from_another_identity_is_not_believed() -> None:
             run(["condor_advertise", "INVALIDATE_ADS_GENERIC", str(ads)], user="pilot",
                 env=pilot_env, check=False)
             clean_pool()
+
+
+PAYLOAD = "/opt/images/payload.sif"
+GSI_ONLY = '+DesiredSites = "gsi"\nrequirements = PilotSite == "gsi"\n'
+BROKEN = GSI_ONLY + "transfer_executable = true\ncontainer_image = broken.sif\n"
+
+
+def _frankfurt_a_black_hole(data: dict) -> None:  # type: ignore[type-arg]
+    """Frankfurt's pilots point at an image that does not exist: they start and die,
+    and after two its breaker stays open for the rest of the test."""
+    data["policy"]["breaker"] = {"threshold": 2, "base_s": 900, "max_s": 900}
+    for s in data["sites"]:
+        if s["name"] == "frankfurt":
+            s["image"] = "/opt/images/missing.sif"
+
+
+def test_failed_starts_a_paused_site_requirements_and_a_completed_job() -> None:
+    clean_pool()
+    data = Path(PAYLOAD).read_bytes()
+    broken = ALICE / "broken.sif"
+    broken.write_bytes(data[: len(data) // 2])
+    directory = service_dir()
+    svc = Service(write_config(directory, _frankfurt_a_black_hole), directory / "service.log")
+    failing = submit_script("why-failing", "echo never\n", 1, extra=BROKEN)
+    # the schedd counts on from the job's own NumJobCoolDowns: its first failed start is
+    # its third, and the pool's policy holds it (HTCondor 23.9's schedd, in a quiet
+    # pool, may not retry a job for minutes after a failed start)
+    last_try = submit_script("why-last-try", "echo never\n", 1,
+                             extra=BROKEN + "+NumJobCoolDowns = 2\n")
+    paused = submit_script("why-paused", "true\n", 1, extra=(
+        '+DesiredSites = "frankfurt"\nrequirements = PilotSite == "frankfurt"\n'))
+    nowhere = submit_script("why-nowhere", "true\n", 1,
+                            extra='requirements = PilotSite == "nowhere"\n')
+    done = submit_script("why-done", "true\n", 1,
+                         extra=GSI_ONLY + "leave_in_queue = JobStatus == 4\n")
+    svc.start()
+    try:
+        # from this service's report (the last one's ad may still say the same, stale)
+        text = until(nowhere, "\n  No site's pilot matches its Requirements", 60)
+        print(f"--- why {nowhere} (Requirements no site meets) ---\n{text}")
+        assert 'PilotSite == "nowhere"' in text and "no pilot is started for it" in text
+        text = until(failing, "last start failed", 180)
+        print(f"--- why {failing} (its start failed) ---\n{text}")
+        assert re.search(r"Its last start failed \(1 failed start\): container image could "
+                         r"not be used: while extracting broken.sif: ", text), text
+        assert "the pool holds it after the third" in text
+        text = until(last_try, "Held after", 240, step=2)
+        print(f"--- why {last_try} (held by the pool) ---\n{text}")
+        assert re.search(rf"Held after 3 failed starts: container image {broken} could not "
+                         r"be used: .*3 failed starts.*release the job once fixed", text), text
+        assert answers(last_try)[f"{last_try}.0"]["reason"] == "held_failed_starts"
+        text = until(paused, "\n  frankfurt is paused", 180, step=2)
+        print(f"--- why {paused} (frankfurt behind its breaker) ---\n{text}")
+        assert re.search(r"frankfurt is paused: its last [23] pilots ended without joining "
+                         r"the pool; one pilot tests it again at \d\d:\d\d \(in about 1\d min\)",
+                         text), text
+        assert answers(paused)[f"{paused}.0"]["reason"] == "site_paused"
+        text = until(done, r"\(alice, completed\)", 120, step=2)
+        print(f"--- why {done} (completed, kept in the queue) ---\n{text}")
+        assert "Completed; nothing more is provisioned for it" in text, text
+        assert answers(done)[f"{done}.0"]["reason"] == "done"
+    finally:
+        svc.stop()
+        print(f"--- service log ---\n{svc.text()}")
+        clean_pool()
