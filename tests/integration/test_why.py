@@ -4,18 +4,20 @@ a job of a shape only a site at its submission limit can run the limit, and a st
 service its silence (and a job submitted since, that it has not seen). With one more
 service: a job whose container image cannot be used, failing to start and then held by
 the pool's policy; a job only a site behind its open circuit breaker can run; a job
-whose Requirements no site meets; a completed job kept in the queue. Bad input: a
+whose Requirements no site meets; a completed job kept in the queue; a job only a
+site that cannot be read can run; a job waiting for a site's last allowed pilot. Bad input: a
 malformed id, a job that does not exist, another user's job (no paths shown). Each
 answer's text is printed (`pytest -s` shows them).
 
-Not produced here: a pilot in the pool with room (the negotiator takes the job within
-seconds), the per-cycle budget and "no pilot on its way yet" (one cycle long), a
-stuck shape (minutes of an unmatched pilot: test_matching), a site or the pool that
-cannot be read and a pool no provisioner reports to (the unit tests: each needs a
-daemon of the testbed broken or an ad withdrawn under the provisioner's identity)."""
+Not produced here (the unit tests answer them): a pilot in the pool with room (the
+negotiator takes the job within seconds), the per-cycle budget and "no pilot on its way
+yet" (a cycle long), a stuck shape (minutes beside an unmatched pilot), a pool the
+service cannot read (the collector stopped under every other test's service) and a
+pool no provisioner reports to (the status ad withdrawn as the provisioner)."""
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import subprocess
@@ -214,14 +216,19 @@ BROKEN = GSI_ONLY + "transfer_executable = true\ncontainer_image = broken.sif\n"
 
 def _frankfurt_a_black_hole(data: dict) -> None:  # type: ignore[type-arg]
     """Frankfurt's pilots point at an image that does not exist: they start and die,
-    and after two its breaker stays open for the rest of the test."""
+    and after two its breaker stays open for the rest of the test. A third site, kit,
+    has a login node that refuses connections: it is never read."""
     data["policy"]["breaker"] = {"threshold": 2, "base_s": 900, "max_s": 900}
     for s in data["sites"]:
         if s["name"] == "frankfurt":
+            kit = copy.deepcopy(s)
             s["image"] = "/opt/images/missing.sif"
+    kit["name"] = "kit"
+    kit["executor"]["host"] = "127.0.0.9"  # nothing listens: refused at once
+    data["sites"].append(kit)
 
 
-def test_failed_starts_a_paused_site_requirements_and_a_completed_job() -> None:
+def test_failed_starts_held_paused_unreadable_capped_unmatched_and_done() -> None:
     clean_pool()
     data = Path(PAYLOAD).read_bytes()
     broken = ALICE / "broken.sif"
@@ -240,6 +247,8 @@ def test_failed_starts_a_paused_site_requirements_and_a_completed_job() -> None:
                             extra='requirements = PilotSite == "nowhere"\n')
     done = submit_script("why-done", "true\n", 1,
                          extra=GSI_ONLY + "leave_in_queue = JobStatus == 4\n")
+    unread = submit_script("why-unread", "true\n", 1, extra=(
+        '+DesiredSites = "kit"\nrequirements = PilotSite == "kit"\n'))
     svc.start()
     try:
         # from this service's report (the last one's ad may still say the same, stale)
@@ -266,6 +275,15 @@ def test_failed_starts_a_paused_site_requirements_and_a_completed_job() -> None:
         print(f"--- why {done} (completed, kept in the queue) ---\n{text}")
         assert "Completed; nothing more is provisioned for it" in text, text
         assert answers(done)[f"{done}.0"]["reason"] == "done"
+        text = until(unread, "\n  kit could not be read", 60)
+        print(f"--- why {unread} (kit unreadable) ---\n{text}")
+        assert "no pilot is sent there until it can" in text, text
+        # gsi's one pilot (its cap) taken by a whole-pilot job: the next waits for it
+        capped = submit_gated("why-capped", 2, extra=GSI_ONLY + "request_cpus = 4\n")
+        text = until(capped, "\n  gsi holds as many pilots as it may", 120, step=2)
+        print(f"--- why {capped} (gsi at its cap) ---\n{text}")
+        assert "(max_pilots); waiting for a pilot there to end" in text, text
+        assert "site_cap" in {a["reason"] for a in answers(capped).values()}
     finally:
         svc.stop()
         print(f"--- service log ---\n{svc.text()}")
