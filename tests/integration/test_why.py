@@ -257,7 +257,8 @@ def test_failed_starts_held_paused_unreadable_capped_unmatched_and_done() -> Non
         assert 'PilotSite == "nowhere"' in text and "no pilot is started for it" in text
         text = until(failing, "last start failed", 180)
         print(f"--- why {failing} (its start failed) ---\n{text}")
-        assert re.search(r"Its last start failed \(1 failed start\): container image could "
+        # (retried 10 s later: under load the first answer may already count two)
+        assert re.search(r"Its last start failed \([12] failed starts?\): container image could "
                          r"not be used: while extracting broken.sif: ", text), text
         assert "the pool holds it after the third" in text
         text = until(last_try, "Held after", 240, step=2)
