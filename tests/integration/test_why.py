@@ -279,7 +279,8 @@ def test_failed_starts_held_paused_unreadable_capped_unmatched_and_done() -> Non
         text = until(unread, "\n  kit could not be read", 60)
         print(f"--- why {unread} (kit unreadable) ---\n{text}")
         assert "no pilot is sent there until it can" in text, text
-        # gsi's one pilot (its cap) taken by a whole-pilot job: the next waits for it
+        # gsi has its one allowed pilot (its cap), busy with one of these or sized for
+        # the failing job: a 4-core job waits for it to end
         capped = submit_gated("why-capped", 2, extra=GSI_ONLY + "request_cpus = 4\n")
         text = until(capped, "\n  gsi holds as many pilots as it may", 120, step=2)
         print(f"--- why {capped} (gsi at its cap) ---\n{text}")
