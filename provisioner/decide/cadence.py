@@ -1,7 +1,8 @@
 """When to run a full cycle (pure): the interval is the ceiling, not the floor.
 
 The service (and the simulator) run a cheap probe every `policy.quick_check_s` seconds: the
-number of idle jobs (one schedd count) and the set of idle pilots (one collector query).
+number of idle jobs that are demand (a schedd count, less the jobs waiting out a failed
+start's cool-down) and the set of idle pilots (one collector query).
 `cycle_due()` turns the probe into a decision, rate-limited by `policy.min_cycle_gap_s`.
 """
 

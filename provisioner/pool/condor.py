@@ -238,6 +238,12 @@ def failure_of(ad: Any) -> StartFailure | None:
         _int(ad, "NumJobCoolDowns"), _int(ad, "JobCoolDownExpiration"))
 
 
+def cooling_jobs(ads: Iterable[Any], now: float) -> int:
+    """How many of these idle jobs' ads wait out a failed start's cool-down at `now`:
+    the jobs `queue_view` leaves out of demand (one ad per job)."""
+    return sum(1 for ad in ads if cooling(failure_of(ad), now))
+
+
 def queue_view(ads: Iterable[Any], since: float | None = None, now: float | None = None
                ) -> QueueView:
     """Fold job ads (idle and running) into demand, busy startds and, when `since`
@@ -460,13 +466,26 @@ class Pool:
         return merged
 
     def idle_count(self) -> int:
-        """The cheap probe: idle jobs from every readable schedd's summary ad. A schedd
-        that cannot be read (restarting, not yet back in the collector) counts what it
-        had at its last read: read as none, the probe would see the queue empty and a
-        cycle would run for nothing, before the jobs submitted meanwhile can be seen."""
-        counts, unknown = self._each("summary query", lambda _n, s: sum(
-            _int(ad, "AllusersIdle", _int(ad, "Idle"))
-            for ad in s.query(opts=self.htcondor.QueryOpt.SummaryOnly)))
+        """The cheap probe: the idle jobs that are demand, as a full read counts them
+        (`queue_view`), from every readable schedd: its summary ad's idle jobs less those
+        waiting out a failed start's cool-down (no pilot can start them; counted, such a
+        job would look like new demand at every probe until its hold). The jobs whose
+        last try ended with a starter error are read one by one, and only where jobs
+        are idle. A schedd that cannot be read (restarting, not yet back in the
+        collector) counts what it had at its last read: read as none, the probe would
+        see the queue empty and a cycle would run for nothing, before the jobs
+        submitted meanwhile can be seen."""
+        now = self.clock()
+
+        def demand(schedd: Any) -> int:
+            idle = sum(_int(ad, "AllusersIdle", _int(ad, "Idle"))
+                       for ad in schedd.query(opts=self.htcondor.QueryOpt.SummaryOnly))
+            if idle > 0:
+                idle -= cooling_jobs(schedd.query(constraint=FAILED_IDLE,
+                                                  projection=list(START_ATTRS)), now)
+            return max(0, idle)
+
+        counts, unknown = self._each("summary query", lambda _n, s: demand(s))
         for name, _why in unknown:
             if name in self.idle_by_schedd:
                 counts[name] = self.idle_by_schedd[name]

@@ -6,6 +6,7 @@ bindings (collector and schedds that record calls and fail on demand)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -199,6 +200,26 @@ def test_the_probe_counts_an_unreadable_schedd_as_last_read_not_empty() -> None:
     fake.schedds["submit2"].fail = False
     fake.schedds["submit2"].jobs = [Ad(JOB, JobStatus=2, RemoteHost="slot1_1@p2@n")]
     assert pool.idle_count() == 1  # read again: its own count
+
+
+def test_the_probe_leaves_out_jobs_in_their_cool_down_as_the_full_read_does() -> None:
+    """A job whose start failed waits out its cool-down (and then its hold): no pilot can
+    start it, so it is not demand. Counted by the probe, it would look like new demand
+    at every quick check, each bringing a full cycle for nothing."""
+    now = int(time.time())  # the full read's clock
+    cooling = Ad(JOB, JobStatus=1, VacateReasonCode=1007,
+                 VacateReason="Error from slot1@p1@n: Singularity test failed",
+                 JobCurrentStartDate=now - 30, JobCurrentStartExecutingDate=now - 30,
+                 LastVacateTime=now - 29, NumJobCoolDowns=1, JobCoolDownExpiration=now + 60)
+    fake = FakeBindings(FakeSchedd("cm", [Ad(JOB, JobStatus=1), cooling]))
+    clock = Clock()
+    clock.t = float(now)
+    pool = Pool(PoolConfig(token_file=""), fake, clock)
+    view = pool.queue()
+    assert sum(d.idle for d in view.demand) == 1 and view.failing[0].cooling == 1
+    assert pool.idle_count() == 1 and pool.idle_by_schedd == {"cm": 1}
+    clock.t = now + 61.0  # the cool-down over: demand again, and the probe sees it rise
+    assert pool.idle_count() == 2
 
 
 def test_a_schedd_gone_from_the_collector_is_unknown_not_empty() -> None:
