@@ -1,10 +1,11 @@
-"""The pool side: the schedds' idle demand and the pilot startd ads.
+"""The pool side: the schedds' queues and histories, and the pilot startd ads.
 
 Everything goes through the HTCondor Python bindings (module `htcondor2`), as
 the provisioner's own identity (its IDTOKEN; no other method). Reads are
 batched: a few queries per schedd (the queue grouped by shape on the schedd's side,
 the idle jobs that did not move kept from the last read: `provisioner.pool.settled`)
-and one collector query per cycle. A read that fails raises `PoolUnreachable`: the caller
+and one collector query per cycle; the ads are read into records by
+`provisioner.pool.classads`. A read that fails raises `PoolUnreachable`: the caller
 must treat the pool as unknown, never as empty; a schedd that fails while others
 answer is named in `QueueView.unknown`.
 """
@@ -14,21 +15,24 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections import Counter
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from provisioner.config import PoolConfig
-from provisioner.decide.failed_starts import (
-    START_ATTRS,
-    STARTER_ERROR,
-    StartFailure,
-    cooling,
-    fold,
-    start_failure,
+from provisioner.decide.failed_starts import START_ATTRS, STARTER_ERROR
+from provisioner.pool.classads import (
+    JOB_ATTRS,
+    MATCH_JOB_ATTRS,
+    SHAPE_ATTRS,
+    SLOT_ATTRS,
+    PilotAd,
+    _float,
+    _int,
+    _str,
+    cooling_jobs,
+    pilot_ads_of,
+    queue_view,
 )
-from provisioner.model import Demand, JobShape
 from provisioner.pool.cooldowns import Nudger
 from provisioner.pool.schedds import QueueView, merge_views, negotiation_targets, roster
 from provisioner.pool.settled import SettledReads
@@ -36,16 +40,6 @@ from provisioner.service.accounting import JobRun
 
 log = logging.getLogger(__name__)
 
-#: Job attributes a Requirements expression commonly reads besides the requests; their
-#: values go with the shape, so a site's pilot is matched as the negotiator would
-#: (`provisioner.pool.prototype`).
-MATCH_JOB_ATTRS = ("FileSystemDomain", "UidDomain", "WantContainer", "ContainerImage",
-                   "WantDocker", "DockerImage", "SingularityImage", "JobUniverse")
-#: What `shape_of` reads.
-SHAPE_ATTRS = ["RequestCpus", "RequestMemory", "RequestDisk", "RequestGPUs", "MaxRuntime",
-               "DesiredSites", "Requirements", *MATCH_JOB_ATTRS]
-#: A job's own ad, as `queue_view` reads it.
-JOB_ATTRS = ["JobStatus", "RemoteHost", "QDate", *SHAPE_ATTRS, *START_ATTRS]
 #: What the schedd groups the queue by (its GroupBy query, `read_queue`): jobs alike in
 #: all of these, and in the job attributes their expressions name, come back as one ad
 #: with their JobCount and those attributes. So MATCH_JOB_ATTRS need not be listed: the
@@ -56,12 +50,6 @@ JOB_ATTRS = ["JobStatus", "RemoteHost", "QDate", *SHAPE_ATTRS, *START_ATTRS]
 #: are read one by one.
 GROUP_ATTRS = ["JobStatus", "RemoteHost", "QDate", "VacateReasonCode",
                *(a for a in SHAPE_ATTRS if a not in MATCH_JOB_ATTRS)]
-SLOT_ATTRS = ["Name", "Machine", "PilotSite", "PilotSlurmJobId",
-              "PilotWalltimeEnd", "PartitionableSlot", "DynamicSlot", "State", "Activity",
-              "Cpus", "Memory", "GPUs", "TotalSlotCpus", "TotalSlotMemory", "TotalSlotGPUs",
-              "Draining", "HasContainer",
-              "DaemonStartTime", "MyType", "CondorVersion", "Start"]
-
 
 #: What a finished job's history ad gives the accounting. MachineAttr*0 are the pilot's
 #: attributes copied into the job ad when the schedd has
@@ -73,128 +61,15 @@ HISTORY_ATTRS = ["ClusterId", "ProcId", "Owner", "JobStatus", "RequestCpus", "Re
 #: Most history ads read per cycle (the schedd returns the newest first).
 HISTORY_MATCH = 5000
 
-
 #: Idle (1), running (2), transferring output (6) and suspended (7) jobs: the last
 #: three hold a claim on a pilot.
 QUEUE_CONSTRAINT = "JobStatus == 1 || JobStatus == 2 || JobStatus == 6 || JobStatus == 7"
-HOLDS_CLAIM = (2, 6, 7)
 #: Idle jobs whose last try ended with a starter error (`failure_of` reads them).
 FAILED_IDLE = f"JobStatus == 1 && VacateReasonCode == {STARTER_ERROR}"
 
 
 class PoolUnreachable(Exception):
     """The schedd or the collector could not be read; the pool state is unknown."""
-
-
-@dataclass(frozen=True)
-class PilotAd:
-    """A pilot's startd as the collector sees it (partitionable slot + claimed dynamic slots)."""
-
-    site: str
-    job_id: str
-    name: str  # the startd's name (the slot name after "slot1@")
-    walltime_end: float | None
-    cpus: int
-    memory_mb: int
-    free_cpus: int
-    free_memory_mb: int
-    claimed_slots: int
-    draining: bool
-    gpus: int = 0  # the partitionable slot's GPUs (TotalSlotGPUs); 0: none advertised
-    free_gpus: int = 0  # of which not in a dynamic slot
-    started_at: float | None = None  # the startd's DaemonStartTime
-    containers: bool = False  # it advertises container support (HasContainer)
-
-    @property
-    def key(self) -> str:
-        return f"{self.site}/{self.job_id}"
-
-
-def _value(ad: Any, attr: str) -> Any:
-    """`attr`'s value in `ad`: a literal as stored, anything else (an expression)
-    evaluated in the ad. KeyError (and the bindings' errors) when it cannot be read.
-    Reading a literal is ten times cheaper than evaluating it, and a queue of 20,000
-    jobs is read attribute by attribute."""
-    value = ad[attr]
-    if type(value) in (bool, int, float, str):
-        return value
-    return ad.eval(attr)
-
-
-def _int(ad: Any, attr: str, default: int = 0) -> int:
-    try:
-        value = _value(ad, attr)
-    except (KeyError, ValueError, TypeError, RuntimeError):
-        return default
-    # strictly a number: not a bool, nor classad2's UNDEFINED and ERROR (an IntEnum)
-    if type(value) is not int and type(value) is not float:
-        return default
-    return int(value)
-
-
-def _float(ad: Any, attr: str) -> float:
-    try:
-        value = _value(ad, attr)
-    except (KeyError, ValueError, TypeError, RuntimeError):
-        return 0.0
-    if type(value) is not int and type(value) is not float:
-        return 0.0
-    return float(value)
-
-
-def _str(ad: Any, attr: str) -> str:
-    try:
-        value = _value(ad, attr)
-    except (KeyError, ValueError, TypeError, RuntimeError):
-        return ""
-    return value if isinstance(value, str) else ""
-
-
-def _text(ad: Any, attr: str) -> str:
-    """The expression of `attr` as ClassAd text ("" if absent)."""
-    try:
-        value = ad[attr]
-    except (KeyError, ValueError, TypeError, RuntimeError):
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return "" if value is None else str(value)
-
-
-#: Requirements text -> the MATCH_JOB_ATTRS it names (cleared when it grows large).
-_READS: dict[str, tuple[str, ...]] = {}
-
-
-def _reads(requirements: str) -> tuple[str, ...]:
-    reads = _READS.get(requirements)
-    if reads is None:
-        low = requirements.lower()
-        reads = tuple(a for a in MATCH_JOB_ATTRS if a.lower() in low)
-        if len(_READS) > 10_000:
-            _READS.clear()
-        _READS[requirements] = reads
-    return reads
-
-
-def shape_of(ad: Any) -> JobShape:
-    """The shape of one job ad (expressions evaluated as the schedd would), with its
-    Requirements text and the values of the job attributes that text names."""
-    runtime = _int(ad, "MaxRuntime", 0)
-    sites = tuple(s.strip() for s in _str(ad, "DesiredSites").split(",") if s.strip())
-    requirements = _text(ad, "Requirements")
-    attrs = tuple((a, _text(ad, a)) for a in _reads(requirements)) if requirements else ()
-    return JobShape(
-        cpus=max(1, _int(ad, "RequestCpus", 1)),
-        memory_mb=max(0, _int(ad, "RequestMemory", 0)),
-        disk_kb=max(0, _int(ad, "RequestDisk", 0)),
-        gpus=max(0, _int(ad, "RequestGPUs", 0)),
-        runtime_s=runtime if runtime > 0 else None,
-        desired_sites=tuple(sorted(sites)),
-        requirements=requirements,
-        match_attrs=tuple((a, v) for a, v in attrs if v),
-    )
 
 
 def job_run_of(ad: Any) -> JobRun | None:
@@ -219,73 +94,6 @@ def history_constraint(after: float) -> str:
     t = int(after)
     return (f"CompletionDate > {t} || "
             f"(JobStatus == 3 && JobCurrentStartDate > 0 && EnteredCurrentStatus > {t})")
-
-
-def startd_of(remote_host: str) -> str:
-    """'slot1_2@pilot-gsi-8@node' -> 'pilot-gsi-8@node'."""
-    return remote_host.split("@", 1)[1] if remote_host.startswith("slot") and \
-        "@" in remote_host else remote_host
-
-
-def failure_of(ad: Any) -> StartFailure | None:
-    """An idle job's failed start, from its ad (`provisioner.decide.failed_starts`)."""
-    code = _int(ad, "VacateReasonCode")
-    if code != STARTER_ERROR:  # the usual idle job: the rest need not be read
-        return None
-    return start_failure(
-        code, _str(ad, "VacateReason"), _int(ad, "JobCurrentStartDate"),
-        _int(ad, "JobCurrentStartExecutingDate"), _int(ad, "LastVacateTime"),
-        _int(ad, "NumJobCoolDowns"), _int(ad, "JobCoolDownExpiration"))
-
-
-def cooling_jobs(ads: Iterable[Any], now: float) -> int:
-    """How many of these idle jobs' ads wait out a failed start's cool-down at `now`:
-    the jobs `queue_view` leaves out of demand (one ad per job)."""
-    return sum(1 for ad in ads if cooling(failure_of(ad), now))
-
-
-def queue_view(ads: Iterable[Any], since: float | None = None, now: float | None = None
-               ) -> QueueView:
-    """Fold job ads (idle and running) into demand, busy startds and, when `since`
-    is given, the jobs submitted since then (the recent arrivals). Idle jobs whose last
-    start failed go into `failing`; with `now`, those in their cool-down at `now` are
-    not demand. An ad with a JobCount (a group from the schedd's GroupBy query) stands
-    for that many jobs alike; any other for one."""
-    counts: Counter[JobShape] = Counter()
-    failed: list[tuple[JobShape, StartFailure]] = []
-    ends: set[float] = set()
-    arrivals: Counter[JobShape] = Counter()
-    running: set[str] = set()
-    total = older = 0
-    newest: float | None = None
-    for ad in ads:
-        jobs = _int(ad, "JobCount", 1)
-        if jobs <= 0:
-            continue
-        total += jobs
-        qdate = _int(ad, "QDate")
-        if qdate and (newest is None or qdate > newest):
-            newest = float(qdate)
-        status = _int(ad, "JobStatus")
-        shape = shape_of(ad) if status == 1 or since is not None else None
-        if status == 1 and shape is not None:
-            failure = failure_of(ad)
-            if failure is not None:
-                failed.extend([(shape, failure)] * jobs)
-            if not cooling(failure, now):
-                counts[shape] += jobs
-            elif failure is not None:
-                ends.add(failure.cooling_until)
-        elif status in HOLDS_CLAIM and _str(ad, "RemoteHost"):
-            running.add(startd_of(_str(ad, "RemoteHost")))
-        if since is not None and shape is not None:
-            if qdate >= since:
-                arrivals[shape] += jobs
-            else:
-                older += jobs
-    return QueueView(tuple(Demand(s, n) for s, n in counts.items()), frozenset(running),
-                     tuple(Demand(s, n) for s, n in arrivals.items()), total, older, newest,
-                     fold(failed, now), cooling_ends=tuple(sorted(ends)))
 
 
 def read_queue(schedd: Any, group_by: Any, since: float | None = None,
@@ -329,54 +137,6 @@ def read_queue(schedd: Any, group_by: Any, since: float | None = None,
     if len(ads) < len(groups):
         ads.extend(schedd.query(constraint=FAILED_IDLE, projection=JOB_ATTRS))
     return queue_view(ads, since, now)
-
-
-def pilot_ads_of(slot_ads: Iterable[Any]) -> dict[str, PilotAd]:
-    """Fold slot ads into one PilotAd per pilot (site + SLURM job id).
-
-    A pilot's GPUs are its partitionable slot's (TotalSlotGPUs, else GPUs; absent: none).
-    Free GPUs are what the partitionable slot says is left, but never more than its total
-    less the GPUs its dynamic slots advertise: the two kinds of ad are updated apart, and
-    a stale partitionable slot must not offer a GPU a job already holds."""
-    pslots: dict[str, Any] = {}
-    claimed: Counter[str] = Counter()
-    dslot_gpus: Counter[str] = Counter()
-    for ad in slot_ads:
-        site, job = _str(ad, "PilotSite"), _str(ad, "PilotSlurmJobId")
-        if not site or not job:
-            continue
-        key = f"{site}/{job}"
-        if ad.get("PartitionableSlot") is True:
-            pslots[key] = ad
-            continue
-        if _str(ad, "State") == "Claimed":
-            claimed[key] += 1
-        if ad.get("DynamicSlot") is True:
-            dslot_gpus[key] += max(0, _int(ad, "GPUs"))
-    out = {}
-    for key, ad in pslots.items():
-        name = _str(ad, "Name")
-        wall = _int(ad, "PilotWalltimeEnd", 0)
-        gpus = max(0, _int(ad, "TotalSlotGPUs", _int(ad, "GPUs")))
-        daemon_start = _int(ad, "DaemonStartTime", 0)
-        free_gpus = max(0, min(_int(ad, "GPUs"), gpus - dslot_gpus[key]))
-        out[key] = PilotAd(
-            site=_str(ad, "PilotSite"),
-            job_id=_str(ad, "PilotSlurmJobId"),
-            name=startd_of(name),
-            walltime_end=float(wall) if wall > 0 else None,
-            cpus=_int(ad, "TotalSlotCpus", _int(ad, "Cpus")),
-            memory_mb=_int(ad, "TotalSlotMemory", _int(ad, "Memory")),
-            free_cpus=_int(ad, "Cpus"),
-            free_memory_mb=_int(ad, "Memory"),
-            claimed_slots=claimed[key],
-            draining=ad.get("Draining") is True,
-            gpus=gpus,
-            free_gpus=free_gpus,
-            started_at=float(daemon_start) if daemon_start > 0 else None,
-            containers=ad.get("HasContainer") is True,
-        )
-    return out
 
 
 class Pool:

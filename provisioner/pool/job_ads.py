@@ -5,7 +5,7 @@ a shell line): their version is the daemons', where the bindings from PyPI may b
 and a newer client refuses an older daemon's FS authentication. A job is read for its
 state, shape, group, pilot and hold reason only (`job_attrs`): never its command,
 arguments, environment or directories. Its shape is read as the service reads the
-schedd's groups (`provisioner.pool.condor.shape_of`), one ClassAd per distinct set of
+schedd's groups (`provisioner.pool.classads.shape_of`), one ClassAd per distinct set of
 shape values, so that a cluster of 20,000 alike jobs is evaluated once.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 
 from provisioner.decide.failed_starts import START_ATTRS, cooling
 from provisioner.model import JobShape
-from provisioner.pool.condor import SHAPE_ATTRS, _int, _str, failure_of, shape_of, startd_of
+from provisioner.pool.classads import SHAPE_ATTRS, _int, _str, failure_of, shape_of, startd_of
 
 #: The job attributes a shape's requests are read from (`shape_of`).
 REQUEST_ATTRS = ("RequestCpus", "RequestMemory", "RequestDisk", "RequestGPUs", "MaxRuntime",

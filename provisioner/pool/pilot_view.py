@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from provisioner.model import Pilot, PilotState
-from provisioner.pool.condor import PilotAd
+from provisioner.pool.classads import PilotAd
 from provisioner.sites.base import SiteJob, SiteJobState
 
 #: SLURM sends a job's warning signal (--signal) up to this much before the time asked.

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from provisioner.decide.controller import QueueSize
 from provisioner.model import CycleMemory, Plan, Snapshot
-from provisioner.pool.condor import PilotAd
+from provisioner.pool.classads import PilotAd
 from provisioner.pool.pilot_view import idle_ad_keys
 from provisioner.sites.base import SiteJob
 

@@ -44,7 +44,8 @@ from provisioner.model import (
     Unretire,
 )
 from provisioner.pilot.script import render_pilot_script
-from provisioner.pool.condor import PilotAd, Pool, PoolUnreachable, QueueView
+from provisioner.pool.classads import PilotAd
+from provisioner.pool.condor import Pool, PoolUnreachable, QueueView
 from provisioner.pool.pilot_view import (
     SLURM_SIGNAL_SLOP_S,
     Disagreements,

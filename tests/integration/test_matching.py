@@ -24,13 +24,8 @@ from conftest import run
 from servicectl import SERVICE_USER, Service, SiteWatch, service_dir, write_config
 from test_loop import all_pilot_jobs, clean_pool, pilot_startds, submit, wait_for
 
-from provisioner.pool.condor import (
-    GROUP_ATTRS,
-    JOB_ATTRS,
-    QUEUE_CONSTRAINT,
-    queue_view,
-    read_queue,
-)
+from provisioner.pool.classads import JOB_ATTRS, queue_view
+from provisioner.pool.condor import GROUP_ATTRS, QUEUE_CONSTRAINT, read_queue
 from provisioner.pool.schedds import QueueView
 from provisioner.pool.settled import SettledReads
 

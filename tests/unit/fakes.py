@@ -11,7 +11,8 @@ import classad2
 
 from provisioner.model import Demand
 from provisioner.pilot.endrecord import EndRecord
-from provisioner.pool.condor import PilotAd, PoolUnreachable, QueueView
+from provisioner.pool.classads import PilotAd
+from provisioner.pool.condor import PoolUnreachable, QueueView
 from provisioner.service.accounting import JobRun
 from provisioner.sites.base import SiteJob
 

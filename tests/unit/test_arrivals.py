@@ -4,7 +4,7 @@ schedd fold that feeds it."""
 from __future__ import annotations
 
 from provisioner.decide.arrivals import QueueHistory, departures
-from provisioner.pool.condor import queue_view
+from provisioner.pool.classads import queue_view
 
 from .test_boundaries import Ad
 

@@ -10,7 +10,7 @@ from provisioner.config import parse_config
 from provisioner.model import JobShape, PilotState
 from provisioner.pilot.params import PilotError, local_config, params_from_env
 from provisioner.pilot.script import render_pilot_script
-from provisioner.pool.condor import pilot_ads_of, queue_view, startd_of
+from provisioner.pool.classads import pilot_ads_of, queue_view, startd_of
 from provisioner.pool.pilot_view import idle_ad_keys
 from provisioner.service.loop import merge_pilots, pilot_state
 from provisioner.sites.base import PilotRequest, SiteJob, SiteJobState

@@ -12,7 +12,7 @@ from provisioner.config import PolicyConfig
 from provisioner.decide.cadence import CycleMark, Probe
 from provisioner.decide.controller import Controller
 from provisioner.model import Action, CycleMemory, PilotState, Snapshot
-from provisioner.pool.condor import PilotAd
+from provisioner.pool.classads import PilotAd
 from provisioner.service.journal import Journal
 from provisioner.service.loop import Provisioner, describe
 from provisioner.sites.base import SiteJob, SiteJobState

@@ -20,7 +20,7 @@ from provisioner.decide.failed_starts import (
     start_failure,
 )
 from provisioner.model import Demand, FailingStarts, JobShape, PilotState, Snapshot
-from provisioner.pool.condor import JOB_ATTRS, queue_view
+from provisioner.pool.classads import JOB_ATTRS, queue_view
 from provisioner.service.status import gather, render
 from tests.unit.helpers import NOW, config, pilot, site, snap
 

@@ -19,7 +19,7 @@ baseshadow.cpp evictJob, src/condor_starter.V6.1/os_proc.cpp StartJob):
   the job with VacateReason as HoldReason;
 - SYSTEM_PERIODIC_HOLD_<Name> is evaluated on idle jobs every PERIODIC_EXPR_INTERVAL.
 
-The service reads the same ads (`provisioner.pool.condor.failure_of`): it must call a try a
+The service reads the same ads (`provisioner.pool.classads.failure_of`): it must call a try a
 failed start exactly when the pool does.
 """
 
@@ -38,7 +38,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from provisioner.decide.failed_starts import FAILED_START_WITHIN_S, PILOT_LOST
-from provisioner.pool.condor import failure_of
+from provisioner.pool.classads import failure_of
 
 classad = pytest.importorskip("classad2")
 

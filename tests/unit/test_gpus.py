@@ -17,7 +17,7 @@ from provisioner.config import ConfigError, PilotShapeConfig, SiteConfig, parse_
 from provisioner.decide.plan import plan
 from provisioner.model import Demand, JobShape, PilotState, Submit
 from provisioner.pilot.script import render_pilot_script
-from provisioner.pool.condor import pilot_ads_of
+from provisioner.pool.classads import pilot_ads_of
 from provisioner.pool.prototype import SiteMatcher
 from provisioner.service.loop import merge_pilots
 from provisioner.sites import make_backend

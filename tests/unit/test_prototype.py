@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from provisioner.config import PilotAdConfig, PilotRuntimeConfig, PoolConfig
 from provisioner.decide.plan import plan
 from provisioner.model import Demand, JobShape, PilotState
-from provisioner.pool.condor import queue_view
+from provisioner.pool.classads import queue_view
 from provisioner.pool.prototype import (
     PILOT_START,
     SiteMatcher,

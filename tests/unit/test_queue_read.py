@@ -10,19 +10,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from provisioner.pool.condor import (
-    FAILED_IDLE,
-    GROUP_ATTRS,
+from provisioner.pool.classads import (
     MATCH_JOB_ATTRS,
-    QUEUE_CONSTRAINT,
     _float,
     _int,
     _str,
     failure_of,
     queue_view,
-    read_queue,
     shape_of,
 )
+from provisioner.pool.condor import FAILED_IDLE, GROUP_ATTRS, QUEUE_CONSTRAINT, read_queue
 from provisioner.pool.schedds import QueueView
 
 

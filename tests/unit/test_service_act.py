@@ -14,7 +14,7 @@ from provisioner.config import parse_config
 from provisioner.decide.controller import LINGER_S
 from provisioner.errors import Transient, Unreachable
 from provisioner.model import Demand, JobShape, PilotState, Plan, Release, Submit
-from provisioner.pool.condor import PilotAd
+from provisioner.pool.classads import PilotAd
 from provisioner.service.journal import Journal
 from provisioner.service.loop import Provisioner, describe
 from provisioner.sites.base import SiteJob, SiteJobState

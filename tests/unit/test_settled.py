@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from provisioner.pool.condor import GROUP_ATTRS, QUEUE_CONSTRAINT, queue_view, read_queue
+from provisioner.pool.classads import queue_view
+from provisioner.pool.condor import GROUP_ATTRS, QUEUE_CONSTRAINT, read_queue
 from provisioner.pool.settled import SettledReads
 
 from .test_queue_read import GroupingSchedd, ad, summary

@@ -360,7 +360,7 @@ JOB = {"ClusterId": 12, "ProcId": 3, "Owner": "alice", "JobStatus": 1, "QDate": 
 def test_a_jobs_shape_from_json_is_the_services_from_the_same_ad() -> None:
     import classad2
 
-    from provisioner.pool.condor import shape_of
+    from provisioner.pool.classads import shape_of
 
     shapes = job_ads.Shapes(job_ads.job_attrs())
     facts = job_ads.facts_of(JOB, shapes.of(JOB), NOW)
