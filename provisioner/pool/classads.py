@@ -175,10 +175,11 @@ def failure_of(ad: Any) -> StartFailure | None:
         _int(ad, "NumJobCoolDowns"), _int(ad, "JobCoolDownExpiration"))
 
 
-def cooling_jobs(ads: Iterable[Any], now: float) -> int:
-    """How many of these idle jobs' ads wait out a failed start's cool-down at `now`:
-    the jobs `queue_view` leaves out of demand (one ad per job)."""
-    return sum(1 for ad in ads if cooling(failure_of(ad), now))
+def cooling_ends(ads: Iterable[Any], now: float) -> list[float]:
+    """The end of each cool-down that these idle jobs' ads (one per job) wait out at
+    `now`: one per job that `queue_view` leaves out of demand."""
+    failures = (failure_of(ad) for ad in ads)
+    return [f.cooling_until for f in failures if f is not None and cooling(f, now)]
 
 
 def queue_view(ads: Iterable[Any], since: float | None = None, now: float | None = None

@@ -29,7 +29,7 @@ from provisioner.pool.classads import (
     _float,
     _int,
     _str,
-    cooling_jobs,
+    cooling_ends,
     pilot_ads_of,
     queue_view,
 )
@@ -230,22 +230,25 @@ class Pool:
         (`queue_view`), from every readable schedd: its summary ad's idle jobs less those
         waiting out a failed start's cool-down (no pilot can start them; counted, such a
         job would look like new demand at every probe until its hold). The jobs whose
-        last try ended with a starter error are read one by one, and only where jobs
-        are idle. A schedd that cannot be read (restarting, not yet back in the
-        collector) counts what it had at its last read: read as none, the probe would
-        see the queue empty and a cycle would run for nothing, before the jobs
-        submitted meanwhile can be seen."""
+        last try ended with a starter error are read one by one, only where jobs are
+        idle; the ends of their cool-downs go to the nudger as a full read's do (a
+        cool-down may begin and end between two full reads). A schedd that cannot be
+        read (restarting, not yet back in the collector) counts what it had at its last
+        read: read as none, the probe would see the queue empty and a cycle would run
+        for nothing, before the jobs submitted meanwhile can be seen."""
         now = self.clock()
 
-        def demand(schedd: Any) -> int:
+        def demand(name: str, schedd: Any) -> int:
             idle = sum(_int(ad, "AllusersIdle", _int(ad, "Idle"))
                        for ad in schedd.query(opts=self.htcondor.QueryOpt.SummaryOnly))
             if idle > 0:
-                idle -= cooling_jobs(schedd.query(constraint=FAILED_IDLE,
-                                                  projection=list(START_ATTRS)), now)
+                ends = cooling_ends(schedd.query(constraint=FAILED_IDLE,
+                                                 projection=list(START_ATTRS)), now)
+                self.nudger.ends.seen(name, ends)
+                idle -= len(ends)
             return max(0, idle)
 
-        counts, unknown = self._each("summary query", lambda _n, s: demand(s))
+        counts, unknown = self._each("summary query", demand)
         for name, _why in unknown:
             if name in self.idle_by_schedd:
                 counts[name] = self.idle_by_schedd[name]

@@ -215,11 +215,14 @@ def test_the_probe_leaves_out_jobs_in_their_cool_down_as_the_full_read_does() ->
     clock = Clock()
     clock.t = float(now)
     pool = Pool(PoolConfig(token_file=""), fake, clock)
+    assert pool.idle_count() == 1 and pool.idle_by_schedd == {"cm": 1}
+    # its end is passed on to the schedd, though no full read saw it
+    assert pool.nudger.ends.ends == {"cm": {now + 60.0}}
     view = pool.queue()
     assert sum(d.idle for d in view.demand) == 1 and view.failing[0].cooling == 1
-    assert pool.idle_count() == 1 and pool.idle_by_schedd == {"cm": 1}
     clock.t = now + 61.0  # the cool-down over: demand again, and the probe sees it rise
     assert pool.idle_count() == 2
+    assert pool.nudger.ends.due(clock.t) == ("cm",)
 
 
 def test_a_schedd_gone_from_the_collector_is_unknown_not_empty() -> None:
