@@ -30,6 +30,14 @@ for c in gsi frankfurt; do
     if [ -f "$etc/job_submit-$c.lua" ]; then install -m 0644 "$etc/job_submit-$c.lua" "/etc/slurm-$c/job_submit.lua"; fi
     install -d -o slurm -g slurm "/var/lib/slurm/$c"
 done
+# frankfurt's JWT signing key (slurm-frankfurt.conf AuthAltParameters): the
+# controller's alone. slurmrestd runs as an account of its own (it refuses root
+# and SlurmUser) and needs no key: it passes each client's token on.
+key=/var/lib/slurm/frankfurt/jwt_hs256.key
+[ -s "$key" ] || (umask 077 && head -c 32 /dev/urandom >"$key")
+chown slurm:slurm "$key"
+chmod 0600 "$key"
+id slurmrestd >/dev/null 2>&1 || useradd -r -M -d /nonexistent -s /usr/sbin/nologin slurmrestd
 # Plain `sinfo` talks to gsi; SLURM_CONF selects the other cluster.
 rm -rf /etc/slurm && ln -s /etc/slurm-gsi /etc/slurm
 
