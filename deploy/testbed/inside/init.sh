@@ -47,7 +47,7 @@ for c in $CLUSTERS; do
 done
 
 echo "starting slurmrestd on fra-login (JWT; the provisioner reaches frankfurt only so)"
-"$here/inside/slurmrestd" start
+"$here/inside/slurmrestd-ctl" start
 
 echo "starting sshd on the login nodes"
 for login in $(grep -v '^#' "$here/etc/hosts.tsv" | awk '$4 == "login" {print $1}'); do
