@@ -217,6 +217,7 @@ class Probe:
                 f"{self.site.runtime.log_dir or '(runtime.log_dir unset)'}", P)
             return False
         ad = found[0]
+        self.node_steps(job_id)  # read now: a REST site's comment ends as the end record
         self.rows["reaches the collector"] = passed(
             "reaches the collector", f"{ad.get('Name', '?')} in the pool through CCB", P,
             self.clock() - t1)

@@ -106,7 +106,9 @@ class RestProbeIO:
         if job is None:
             return None
         raw = job.get("job_state")
-        state = str(raw[0] if isinstance(raw, list) and raw else raw or "")
+        states = [str(s) for s in raw] if isinstance(raw, list) else [str(raw or "")]
+        # a cancelled job still completing ([CANCELLED, COMPLETING]) is listed by squeue
+        state = "COMPLETING" if "COMPLETING" in states else (states[0] if states else "")
         if state in STATE_TABLE and STATE_TABLE[state] is None:
             return None  # finished: squeue would no longer list it
         return state, str(job.get("state_reason") or "")

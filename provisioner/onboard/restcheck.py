@@ -47,13 +47,13 @@ def rest_checks(index: int, site: RestSiteConfig, client: RestClient) -> list[Ch
                               f"{f}.api_version)", R)]
     rows.append(passed("slurmrestd answers", f"{site.rest.url}: API {version} (the newest "
                        "both speak)", R, time.monotonic() - t0))
-    try:
-        reply = client.call("GET", "ping")
+    try:  # a request the controller itself authenticates
+        reply = client.call("GET", "partitions")
     except BackendError as exc:
         return [*rows, failed("token accepted", str(exc), f"mint a fresh token for "
                               f"{site.rest.user} into {f}.token_file", R)]
     if reply.text or reply.status != 200:
-        return [*rows, failed("token accepted", f"GET ping: {reply.text or reply.status}",
+        return [*rows, failed("token accepted", f"GET partitions: {reply.text or reply.status}",
                               "see SLURM's words; is the controller up?", R)]
     rows.append(passed("token accepted", f"as {site.rest.user}; the controller answers", R))
     return rows

@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 #: The data_parser versions this backend speaks (their job, partition and node
 #: records carry the fields it reads under the same names), oldest first.
 SPOKEN_VERSIONS = ("v0.0.40", "v0.0.41", "v0.0.42")
+#: HTTP statuses of a refused token: slurmrestd's own check (401), and the
+#: controller's (511, Network Authentication Required: e.g. another user's token).
+REFUSED = (401, 403, 511)
 _PATH_VERSION = re.compile(r"^/slurm/(v[0-9]+\.[0-9]+\.[0-9]+)/")
 
 
@@ -149,7 +152,7 @@ class RestClient:
         """The API version used: negotiated once from GET /openapi/v3."""
         if self._version is None:
             response = self._send("GET", "/openapi/v3")
-            if response.status_code in (401, 403):
+            if response.status_code in REFUSED:
                 raise self._refused(response, "GET /openapi/v3")
             if response.status_code != 200:
                 raise self._fail(f"GET /openapi/v3 answered HTTP {response.status_code}: "
@@ -180,7 +183,7 @@ class RestClient:
         words: Unreachable; a timeout or a 503: Transient."""
         full = f"/slurm/{self.version()}/{path.lstrip('/')}"
         response = self._send(method, full, json=json, params=params)
-        if response.status_code in (401, 403):
+        if response.status_code in REFUSED:
             raise self._refused(response, f"{method} {full}")
         if response.status_code == 404 and "json" not in response.headers.get(
                 "content-type", ""):
