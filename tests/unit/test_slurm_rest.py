@@ -172,10 +172,13 @@ def test_a_timeout_is_transient(tmp_path: Path) -> None:
         backend(tmp_path, FakeServer(openapi=slow)).list_pilots()
 
 
-def test_a_refused_token_is_named(tmp_path: Path) -> None:
-    server = FakeServer({"GET jobs": lambda r: httpx.Response(401, text="Authentication failure")})
+@pytest.mark.parametrize("status", [401, 511])
+def test_a_refused_token_is_named(tmp_path: Path, status: int) -> None:
+    """401: slurmrestd refused it; 511: the controller did (another user's token)."""
+    server = FakeServer({"GET jobs": lambda r: httpx.Response(status, text="Authentication "
+                                                                             "failure")})
     with pytest.raises(Unreachable, match=r"slurmrestd refused the token of pilot from "
-                                          r"sites\[1\]\.rest\.token_file .*HTTP 401"):
+                                          r"sites\[1\]\.rest\.token_file .*HTTP " + str(status)):
         backend(tmp_path, server).list_pilots()
 
 
