@@ -10,7 +10,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from provisioner.config import (
@@ -27,7 +27,7 @@ from provisioner.onboard.probe import Limits, Probe
 from provisioner.onboard.restcheck import image_row, rest_checks
 from provisioner.onboard.restinfo import read_live_rest
 from provisioner.onboard.table import Check, as_json, failed, render, site_ok, skipped
-from provisioner.sites import rest_client
+from provisioner.sites import pilot_settings, rest_client
 from provisioner.sites.executor import Executor
 from provisioner.sites.slurm_cli import SlurmCliBackend
 from provisioner.sites.slurm_rest import SlurmRestBackend
@@ -54,12 +54,8 @@ class CollectorAds:
 def _backend(config: Config, site: SiteConfig, executor: Executor, probe: bool
              ) -> SlurmCliBackend:
     pid = config.pool.provisioner_id + ("-probe" if probe else "")
-    return SlurmCliBackend(name=site.name, provisioner_id=pid, executor=executor,
-                           slurm_conf=site.slurm_conf, partition=site.partition,
-                           account=site.account, qos=site.qos,
-                           output_dir=site.runtime.log_dir or None,
-                           gpu_request=site.gpu_request, gpu_type=site.gpu_type,
-                           log_dir=site.runtime.log_dir or None)
+    return SlurmCliBackend(executor=executor, slurm_conf=site.slurm_conf,
+                           log_dir=site.runtime.log_dir or None, **pilot_settings(site, pid))
 
 
 def _login(config: Config, index: int, site: SiteConfig, executor: Executor) -> list[Check]:
@@ -92,11 +88,7 @@ def _slurm(config: Config, index: int, site: SiteConfig, executor: Executor) -> 
 def _rest_backend(config: Config, index: int, site: RestSiteConfig, probe: bool
                   ) -> SlurmRestBackend:
     pid = config.pool.provisioner_id + ("-probe" if probe else "")
-    return SlurmRestBackend(name=site.name, provisioner_id=pid,
-                            client=rest_client(site, index), partition=site.partition,
-                            account=site.account, qos=site.qos,
-                            output_dir=site.runtime.log_dir or None,
-                            gpu_request=site.gpu_request, gpu_type=site.gpu_type)
+    return SlurmRestBackend(client=rest_client(site, index), **pilot_settings(site, pid))
 
 
 def check_rest_site(config: Config, index: int, site: RestSiteConfig, probe: bool,
@@ -234,12 +226,8 @@ def site_discover(access: Access, partition: str | None, image: str, account: st
         cfg = LocalExecutorConfig(run_as=access.user)
     executor = make_executor(name or "discover", cfg)
     try:
-        live = read_live(executor, access.slurm_conf, where)
-        print(discover(live, partition, access, image, account, name, where), end="")
-        return 0
-    except (LiveError, BackendError) as exc:
-        print(f"provisioner: site discover: {exc}", file=sys.stderr)
-        return 1
+        return _print_block(lambda: read_live(executor, access.slurm_conf, where), partition,
+                            access, image, account, name, where)
     finally:
         executor.close()
         shutil.rmtree(control_dir, ignore_errors=True)
@@ -256,11 +244,18 @@ def _discover_rest(access: Access, partition: str | None, image: str, account: s
                         token=token, where="--rest-url")
     where = f"{access.user} at {access.rest_url}"
     try:
-        live = read_live_rest(client, where)
-        print(discover(live, partition, access, image, account, name, where), end="")
+        return _print_block(lambda: read_live_rest(client, where), partition, access, image,
+                            account, name, where)
+    finally:
+        client.close()
+
+
+def _print_block(read: Callable[[], Live], partition: str | None, access: Access,
+                 image: str, account: str | None, name: str | None, where: str) -> int:
+    """The site block from what `read` finds, printed; 1 with the error if it fails."""
+    try:
+        print(discover(read(), partition, access, image, account, name, where), end="")
         return 0
     except (LiveError, BackendError) as exc:
         print(f"provisioner: site discover: {exc}", file=sys.stderr)
         return 1
-    finally:
-        client.close()

@@ -16,6 +16,7 @@ from provisioner.config import (
     RestSiteConfig,
     SiteConfig,
     SlurmSite,
+    SlurmSiteBase,
     SshExecutorConfig,
 )
 from provisioner.sites.base import SiteBackend
@@ -38,21 +39,19 @@ def make_executor(site: str, cfg: LocalExecutorConfig | SshExecutorConfig) -> Ex
     return LocalExecutor(run_as=cfg.run_as, timeout_s=cfg.command_timeout_s)
 
 
+def pilot_settings(site: SlurmSiteBase, provisioner_id: str) -> dict[str, Any]:
+    """What every SLURM backend is built with: who submits, and where the pilots go."""
+    return {"name": site.name, "provisioner_id": provisioner_id,
+            "partition": site.partition, "account": site.account, "qos": site.qos,
+            "output_dir": site.runtime.log_dir or None, "gpu_request": site.gpu_request,
+            "gpu_type": site.gpu_type}
+
+
 def _slurm_cli(site: Any, pool: PoolConfig) -> SiteBackend:
     assert isinstance(site, SiteConfig)
-    return SlurmCliBackend(
-        name=site.name,
-        provisioner_id=pool.provisioner_id,
-        executor=make_executor(site.name, site.executor),
-        slurm_conf=site.slurm_conf,
-        partition=site.partition,
-        account=site.account,
-        qos=site.qos,
-        output_dir=site.runtime.log_dir or None,
-        gpu_request=site.gpu_request,
-        gpu_type=site.gpu_type,
-        log_dir=site.runtime.log_dir or None,
-    )
+    return SlurmCliBackend(executor=make_executor(site.name, site.executor),
+                           slurm_conf=site.slurm_conf, log_dir=site.runtime.log_dir or None,
+                           **pilot_settings(site, pool.provisioner_id))
 
 
 def rest_client(site: RestSiteConfig, index: int | None = None) -> RestClient:
@@ -68,17 +67,8 @@ def rest_client(site: RestSiteConfig, index: int | None = None) -> RestClient:
 
 def _slurm_rest(site: Any, pool: PoolConfig) -> SiteBackend:
     assert isinstance(site, RestSiteConfig)
-    return SlurmRestBackend(
-        name=site.name,
-        provisioner_id=pool.provisioner_id,
-        client=rest_client(site),
-        partition=site.partition,
-        account=site.account,
-        qos=site.qos,
-        output_dir=site.runtime.log_dir or None,
-        gpu_request=site.gpu_request,
-        gpu_type=site.gpu_type,
-    )
+    return SlurmRestBackend(client=rest_client(site),
+                            **pilot_settings(site, pool.provisioner_id))
 
 
 #: backend name (config `sites[].backend`) -> factory.

@@ -22,6 +22,9 @@ from provisioner.sites.rest_token import TokenFile
 from provisioner.sites.slurm_refusals import classify_failure
 
 log = logging.getLogger(__name__)
+# httpx logs every request at INFO: a few lines a cycle per site that say nothing the
+# cycle's own line does not; its warnings still come through.
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 #: The data_parser versions this backend speaks (their job, partition and node
 #: records carry the fields it reads under the same names), oldest first.
