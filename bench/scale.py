@@ -96,11 +96,11 @@ def advertise_as_pilot(command: str, ads: str) -> None:
             "-multiple", command, str(path)])
 
 
-def fake_pilots(per_site: int, job_name: str) -> list[str]:
-    """Held pilot jobs at every site plus a startd ad for each; returns the ad names."""
+def fake_pilots(per_site: int, job_name: str, sites: list[str]) -> list[str]:
+    """Held pilot jobs at each of `sites` plus a startd ad for each; returns the ad names."""
     names = []
     ads = []
-    for site in LOGIN:
+    for site in sites:
         for i in range(per_site):
             job_id = slurm(site, ["sbatch", "--parsable", "--hold", f"--job-name={job_name}",
                                   "--output=/dev/null", "--wrap", "true"]).strip().split(";")[0]
@@ -142,9 +142,11 @@ class Counting:
             setattr(cls, method, original)
 
 
-def measure(cycles: int) -> tuple[list[dict[str, float]], list[Counter[str]], float, float,
-                                  dict[str, float]]:
+def measure(cycles: int, sites: list[str]) -> tuple[
+        list[dict[str, float]], list[Counter[str]], float, float, dict[str, float]]:
     config = load_config(CONFIG)
+    config = config.model_copy(update={"sites": tuple(s for s in config.sites
+                                                      if s.name in sites)})
     # Root's copy of the token; a journal in memory (a root-owned journal file
     # would lock the service's own account out of it).
     config = config.model_copy(update={"journal": "", "pool": config.pool.model_copy(
@@ -228,19 +230,24 @@ def main() -> int:
     ap.add_argument("--shapes", type=int, default=300)
     ap.add_argument("--pilots-per-site", type=int, default=100)
     ap.add_argument("--cycles", type=int, default=5)
+    ap.add_argument("--only", choices=sorted(LOGIN),
+                    help="one site alone (its backend's cycle), with all the pilots")
+    ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
+    sites = [args.only] if args.only else list(LOGIN)
+    per_site = 2 * args.pilots_per_site // len(sites)
     job_name = "htcpilot-" + load_config(CONFIG).pool.provisioner_id
     try:
         submit_jobs(args.jobs, args.shapes)
-        fake_pilots(args.pilots_per_site, job_name)
-        timings, calls, peak, rss, split = measure(args.cycles)
+        fake_pilots(per_site, job_name, sites)
+        timings, calls, peak, rss, split = measure(args.cycles, sites)
     finally:
         cleanup(job_name)
     later = timings[1:] or timings
     med = {k: statistics.median(t[k] for t in later) for k in later[0]}
     lines = [
         f"# Scale: one cycle against {args.jobs} idle jobs in {args.shapes} shapes, "
-        f"{2 * args.pilots_per_site} pilots",
+        f"{per_site * len(sites)} pilots" + (f", {args.only} alone" if args.only else ""),
         "",
         "Testbed (2 cores); gsi reached through SSH (one multiplexed connection), "
         "frankfurt through slurmrestd (HTTP, one connection pool, JWT); dry-run cycles "
@@ -267,7 +274,7 @@ def main() -> int:
     ]
     text = "\n".join(lines) + "\n"
     print(text)
-    RESULTS.write_text(text)
+    args.out.write_text(text)
     return 0
 
 
