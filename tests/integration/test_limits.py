@@ -12,6 +12,7 @@ there, the overflow runs at the other site, every job completes, and the log and
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -41,10 +42,9 @@ def _roomy(limited: str) -> Callable[[dict], None]:  # type: ignore[type-arg]
     return edit
 
 
-@pytest.fixture(params=["gsi", "frankfurt"], ids=["ssh-gsi", "rest-frankfurt"])
-def limited(request: pytest.FixtureRequest) -> Iterator[str]:
-    """The site (by its backend) whose account is held to LIMIT jobs."""
-    site = request.param
+@contextlib.contextmanager
+def _limit(site: str) -> Iterator[Path]:
+    """The site's job_submit.lua switched on (LIMIT jobs); yields its limit file."""
     conf = slurm(site, ["scontrol", "show", "config"]).stdout
     if not re.search(r"^JobSubmitPlugins\s*=\s*lua", conf, re.MULTILINE):
         pytest.fail(f"the {site} slurmctld runs without JobSubmitPlugins=lua: rebuild the "
@@ -52,9 +52,27 @@ def limited(request: pytest.FixtureRequest) -> Iterator[str]:
     limit_file = Path(f"/etc/slurm-{site}/job-limit")
     limit_file.write_text(f"{LIMIT}\n")
     try:
-        yield site
+        yield limit_file
     finally:
         limit_file.unlink(missing_ok=True)
+
+
+#: gsi's limit file, for tests that hold gsi alone to a limit (with `limited`).
+LIMIT_FILE = Path("/etc/slurm-gsi/job-limit")
+
+
+@pytest.fixture
+def limited() -> Iterator[None]:
+    """gsi's account held to LIMIT jobs (LIMIT_FILE may set another number)."""
+    with _limit("gsi"):
+        yield
+
+
+@pytest.fixture(params=["gsi", "frankfurt"], ids=["ssh-gsi", "rest-frankfurt"])
+def limited_site(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The site (by its backend) whose account is held to LIMIT jobs."""
+    with _limit(request.param):
+        yield request.param
 
 
 def _refusals(site: str) -> int:
@@ -76,8 +94,9 @@ def _cycle_of_refusal(svc: Service, site: str) -> Callable[[], list[str] | None]
     return lines
 
 
-def test_a_burst_beyond_the_submit_limit_overflows_to_the_other_site(limited: str) -> None:
-    site, other = limited, OTHER[limited]
+def test_a_burst_beyond_the_submit_limit_overflows_to_the_other_site(
+        limited_site: str) -> None:
+    site, other = limited_site, OTHER[limited_site]
     clean_pool()
     directory = service_dir()
     config = write_config(directory, _roomy(site))
