@@ -103,8 +103,10 @@ class SlurmRestBackend:
         reply = self.client.call("POST", "job/submit",
                                  json={"job": self.job_description(request)})
         if reply.text or reply.status != 200:
-            raise classify_sbatch(self.name, reply.text or f"HTTP {reply.status}",
-                                  action="submit")
+            # a job_submit plugin's message (the limit's name, say) comes beside the error
+            said = "\n".join(w for w in (str(reply.doc.get("job_submit_user_msg") or ""),
+                                           reply.text) if w)
+            raise classify_sbatch(self.name, said or f"HTTP {reply.status}", action="submit")
         job_id = reply.doc.get("job_id")
         if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id <= 0:
             raise Transient(f"site {self.name}: submit answered no job_id (field 'job_id': "

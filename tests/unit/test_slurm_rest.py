@@ -307,11 +307,17 @@ def test_refusals_are_classified_from_slurms_words(
         assert caught.value.field == detail
 
 
-def test_a_job_submit_plugins_limit_name_is_at_limit(tmp_path: Path) -> None:
-    errors = [{"error_number": 2050, "error": "AssocMaxSubmitJobLimit",
-               "description": "Job violates accounting/QOS policy (job submit limit, user's "
-               "size and/or time limits)"}]
-    server = FakeServer({"POST job/submit": lambda r: reply({}, 500, errors)})
+@pytest.mark.parametrize("where", ["error", "job_submit_user_msg"])
+def test_a_job_submit_plugins_limit_name_is_at_limit(tmp_path: Path, where: str) -> None:
+    """The limit's name in the error, or in the plugin's message beside it."""
+    errors = [{"error_number": 2050, "error": "Job violates accounting/QOS policy (job "
+               "submit limit, user's size and/or time limits)", "description": ""}]
+    doc: dict[str, Any] = {}
+    if where == "error":
+        errors[0]["description"] = "AssocMaxSubmitJobLimit"
+    else:
+        doc["job_submit_user_msg"] = "AssocMaxSubmitJobLimit"
+    server = FakeServer({"POST job/submit": lambda r: reply(doc, 500, errors)})
     with pytest.raises(AtLimit) as caught:
         backend(tmp_path, server).submit(REQUEST)
     assert caught.value.reason == "AssocMaxSubmitJobLimit"
