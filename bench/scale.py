@@ -7,9 +7,10 @@ jobs (so the merge of SLURM and collector runs at full size). Then the
 provisioner runs dry-run cycles (observe + plan, nothing applied) as it runs in
 the service: through SSH to the sites, with the provisioner's read-only token.
 
-Printed: wall time per phase for the first cycle (new SSH connections) and the
-following ones (reused), queries per daemon per cycle (no per-job queries), and
-the provisioner's memory. Results go to bench/results/scale.md.
+Printed: wall time per phase for the first cycle (new connections) and the
+following ones (reused), each site's read on its own (SSH against REST), queries
+per daemon per cycle (no per-job queries), and the provisioner's memory. Results go
+to bench/results/scale.md.
 Runs inside the testbed as root: `deploy/testbed/testbed exec -- python /src/bench/scale.py`.
 """
 
@@ -95,11 +96,11 @@ def advertise_as_pilot(command: str, ads: str) -> None:
             "-multiple", command, str(path)])
 
 
-def fake_pilots(per_site: int, job_name: str) -> list[str]:
-    """Held pilot jobs at every site plus a startd ad for each; returns the ad names."""
+def fake_pilots(per_site: int, job_name: str, sites: list[str]) -> list[str]:
+    """Held pilot jobs at each of `sites` plus a startd ad for each; returns the ad names."""
     names = []
     ads = []
-    for site in LOGIN:
+    for site in sites:
         for i in range(per_site):
             job_id = slurm(site, ["sbatch", "--parsable", "--hold", f"--job-name={job_name}",
                                   "--output=/dev/null", "--wrap", "true"]).strip().split(";")[0]
@@ -141,9 +142,11 @@ class Counting:
             setattr(cls, method, original)
 
 
-def measure(cycles: int) -> tuple[list[dict[str, float]], list[Counter[str]], float, float,
-                                  dict[str, float]]:
+def measure(cycles: int, sites: list[str]) -> tuple[
+        list[dict[str, float]], list[Counter[str]], float, float, dict[str, float]]:
     config = load_config(CONFIG)
+    config = config.model_copy(update={"sites": tuple(s for s in config.sites
+                                                      if s.name in sites)})
     # Root's copy of the token; a journal in memory (a root-owned journal file
     # would lock the service's own account out of it).
     config = config.model_copy(update={"journal": "", "pool": config.pool.model_copy(
@@ -153,15 +156,18 @@ def measure(cycles: int) -> tuple[list[dict[str, float]], list[Counter[str]], fl
     counting.wrap(htcondor.Schedd, "query", "schedd queries")
     counting.wrap(htcondor.Collector, "query", "collector queries")
     for site, backend in prov.backends.items():
-        executor = backend.executor  # type: ignore[attr-defined]
-        original = executor.run
+        # commands over SSH, or requests to slurmrestd
+        way = getattr(backend, "executor", None) or backend.client  # type: ignore[attr-defined]
+        attr, what = ("run", "commands") if hasattr(way, "run") else ("call", "requests")
+        original = getattr(way, attr)
 
-        def run(*a: Any, _o: Any = original, _s: str = site, **kw: Any) -> Any:
-            counting.calls[f"commands at {_s}"] += 1
+        def counted(*a: Any, _o: Any = original, _s: str = f"{what} at {site}",
+                    **kw: Any) -> Any:
+            counting.calls[_s] += 1
             return _o(*a, **kw)
 
-        executor.run = run
-        executor.close()  # a master left by an earlier run would make "first" a reused one
+        setattr(way, attr, counted)
+        way.close()  # a connection left by an earlier run would make "first" a reused one
     timings, calls = [], []
     for i in range(cycles):
         counting.calls.clear()
@@ -201,7 +207,9 @@ def parts(prov: Provisioner, repeats: int = 3) -> dict[str, float]:
            "schedd queue read, settled idle jobs kept (the usual cycle)": timed(prov.pool.queue),
            "collector: the pilots' startd ads": timed(prov.pool.pilot_ads)}
     for site, backend in prov.backends.items():
-        out[f"squeue at {site} over SSH, parsed"] = timed(backend.list_pilots)
+        how = "squeue over SSH" if hasattr(backend, "executor") else \
+            "GET /jobs through slurmrestd"
+        out[f"{site}: {how}, parsed"] = timed(backend.list_pilots)
     return out
 
 
@@ -222,26 +230,33 @@ def main() -> int:
     ap.add_argument("--shapes", type=int, default=300)
     ap.add_argument("--pilots-per-site", type=int, default=100)
     ap.add_argument("--cycles", type=int, default=5)
+    ap.add_argument("--only", choices=sorted(LOGIN),
+                    help="one site alone (its backend's cycle), with all the pilots")
+    ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
+    sites = [args.only] if args.only else list(LOGIN)
+    per_site = 2 * args.pilots_per_site // len(sites)
     job_name = "htcpilot-" + load_config(CONFIG).pool.provisioner_id
     try:
         submit_jobs(args.jobs, args.shapes)
-        fake_pilots(args.pilots_per_site, job_name)
-        timings, calls, peak, rss, split = measure(args.cycles)
+        fake_pilots(per_site, job_name, sites)
+        timings, calls, peak, rss, split = measure(args.cycles, sites)
     finally:
         cleanup(job_name)
     later = timings[1:] or timings
     med = {k: statistics.median(t[k] for t in later) for k in later[0]}
     lines = [
         f"# Scale: one cycle against {args.jobs} idle jobs in {args.shapes} shapes, "
-        f"{2 * args.pilots_per_site} pilots",
+        f"{per_site * len(sites)} pilots" + (f", {args.only} alone" if args.only else ""),
         "",
-        "Testbed (2 cores), sites reached through SSH (one multiplexed connection each), "
-        "dry-run cycles (observe + plan). `make bench-scale` regenerates this file.",
+        "Testbed (2 cores); gsi reached through SSH (one multiplexed connection), "
+        "frankfurt through slurmrestd (HTTP, one connection pool, JWT); dry-run cycles "
+        "(observe + plan; the sites are read beside the pool, in threads). "
+        "`make bench-scale` regenerates this file.",
         "",
         "| cycle | observe s | plan s | total s |",
         "| --- | --- | --- | --- |",
-        f"| first (new SSH connections) | {timings[0]['observe']:.2f} | "
+        f"| first (new connections) | {timings[0]['observe']:.2f} | "
         f"{timings[0]['plan']:.3f} | {timings[0]['total']:.2f} |",
         f"| later, median of {len(later)} (connections reused) | {med['observe']:.2f} | "
         f"{med['plan']:.3f} | {med['total']:.2f} |",
@@ -259,7 +274,7 @@ def main() -> int:
     ]
     text = "\n".join(lines) + "\n"
     print(text)
-    RESULTS.write_text(text)
+    args.out.write_text(text)
     return 0
 
 

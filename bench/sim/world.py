@@ -53,7 +53,7 @@ from provisioner.model import (
     Unretire,
     round_memory,
 )
-from provisioner.sites.slurm_cli import classify_sbatch
+from provisioner.sites.slurm_refusals import classify_sbatch
 
 
 class Policy(Protocol):

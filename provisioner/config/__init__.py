@@ -36,8 +36,12 @@ from provisioner.config.site import (
     AnySite,
     ExecutorConfig,
     LocalExecutorConfig,
+    RestConfig,
+    RestSiteConfig,
     SiteBase,
     SiteConfig,
+    SlurmSite,
+    SlurmSiteBase,
     SshExecutorConfig,
 )
 
@@ -47,6 +51,7 @@ __all__ = [
     "SITE_NAME_PATTERN", "AnySite", "BreakerConfig", "CapsConfig", "Config", "ConfigError",
     "ExecutorConfig", "LocalExecutorConfig", "MetricsConfig", "PilotAdConfig",
     "PilotRuntimeConfig", "PilotShapeConfig", "PlacementConfig", "PolicyConfig", "PoolConfig",
-    "ReserveConfig", "SiteBase", "SiteConfig", "SshExecutorConfig", "field_location",
+    "ReserveConfig", "RestConfig", "RestSiteConfig", "SiteBase", "SiteConfig", "SlurmSite",
+    "SlurmSiteBase", "SshExecutorConfig", "field_location",
     "load_config", "parse_config",
 ]

@@ -10,7 +10,7 @@ from pydantic_core import PydanticCustomError
 from provisioner.config.base import PATH_PATTERN, _Model
 from provisioner.config.policy import PolicyConfig
 from provisioner.config.pool import MetricsConfig, PoolConfig
-from provisioner.config.site import AnySite, SiteConfig
+from provisioner.config.site import AnySite, SlurmSite
 
 
 class Config(_Model):
@@ -70,7 +70,7 @@ class Config(_Model):
                 )
         return self
 
-    def site(self, name: str) -> SiteConfig:
+    def site(self, name: str) -> SlurmSite:
         """The site called `name`; KeyError if it is not configured."""
         for site in self.sites:
             if site.name == name:

@@ -82,15 +82,12 @@ class SiteBase(_Model):
         return self
 
 
-class SiteConfig(SiteBase):
-    """A SLURM site driven through its command-line tools (`backend: slurm-cli`)."""
+class SlurmSiteBase(SiteBase):
+    """What every SLURM site has, whichever way it is reached: where its pilots go."""
 
-    backend: Literal["slurm-cli"] = "slurm-cli"
-    slurm_conf: str | None = Field(default=None, pattern=PATH_PATTERN)
     partition: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
     account: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
     qos: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
-    executor: ExecutorConfig = LocalExecutorConfig()
     #: How a pilot with GPUs asks SLURM for them: "gres" ``--gres=gpu[:type]:N`` (per
     #: node; every SLURM with GPUs knows it) or "gpus" ``--gpus=[type:]N`` (per job,
     #: SLURM's cons_tres plugin). N is the pilot's GPUs (at most `pilot.gpus`).
@@ -99,7 +96,7 @@ class SiteConfig(SiteBase):
     gpu_type: str | None = Field(default=None, pattern=GPU_TYPE_PATTERN)
 
     @model_validator(mode="after")
-    def _gpu_type_needs_gpus(self) -> SiteConfig:
+    def _gpu_type_needs_gpus(self) -> SlurmSiteBase:
         if self.gpu_type is not None and self.pilot.gpus == 0:
             raise PydanticCustomError(
                 "gpu_type",
@@ -108,8 +105,54 @@ class SiteConfig(SiteBase):
         return self
 
 
+class SiteConfig(SlurmSiteBase):
+    """A SLURM site driven through its command-line tools (`backend: slurm-cli`)."""
+
+    backend: Literal["slurm-cli"] = "slurm-cli"
+    slurm_conf: str | None = Field(default=None, pattern=PATH_PATTERN)
+    executor: ExecutorConfig = LocalExecutorConfig()
+
+
+#: slurmrestd's API versions (its data_parser plugins) this backend speaks.
+REST_API_VERSION_PATTERN = r"^v0\.0\.[0-9]{2}$"
+
+
+class RestConfig(_Model):
+    """How a `slurm-rest` site's slurmrestd is reached: its URL, the account and its JWT."""
+
+    #: slurmrestd's base URL (http or https), e.g. https://rest.site.example:6820.
+    url: str = Field(pattern=r"^https?://[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?(:[0-9]{1,5})?"
+                             r"(/[A-Za-z0-9_./-]*)?$")
+    #: The site account the pilots are submitted as (X-SLURM-USER-NAME).
+    user: str = Field(pattern=ACCOUNT_PATTERN)
+    #: The account's JWT (X-SLURM-USER-TOKEN), in a file only the service's account may
+    #: read; read again whenever it changes, so that whoever renews it may replace it.
+    token_file: str = Field(pattern=PATH_PATTERN)
+    #: A command (argv, no shell) that prints a fresh token for `user` on stdout; run
+    #: when the token expires within `renew_before_s`, its output written to
+    #: token_file. None: the token is renewed elsewhere (or not at all).
+    renew_command: list[Annotated[str, Field(pattern=r"^[^\x00\n]+$")]] | None = None
+    renew_before_s: int = Field(default=900, ge=0)
+    #: The API version to use; None: the newest that slurmrestd and this backend both
+    #: speak, from the server's OpenAPI description.
+    api_version: str | None = Field(default=None, pattern=REST_API_VERSION_PATTERN)
+    #: CA bundle that signs the server's certificate (https); None: the system's.
+    ca_file: str | None = Field(default=None, pattern=PATH_PATTERN)
+    timeout_s: float = Field(default=30, gt=0)
+
+
+class RestSiteConfig(SlurmSiteBase):
+    """A SLURM site reached through slurmrestd with a JWT (`backend: slurm-rest`)."""
+
+    backend: Literal["slurm-rest"]
+    rest: RestConfig
+
+
 #: Backend name (`sites[].backend`) -> its settings model. Each backend owns its
 #: fields; provisioner.sites registers a factory for each of these names.
-BACKEND_SETTINGS: dict[str, type[SiteBase]] = {"slurm-cli": SiteConfig}
+BACKEND_SETTINGS: dict[str, type[SlurmSiteBase]] = {"slurm-cli": SiteConfig,
+                                                     "slurm-rest": RestSiteConfig}
 KNOWN_BACKENDS: tuple[str, ...] = tuple(BACKEND_SETTINGS)
-AnySite = Annotated[SiteConfig, Field(discriminator="backend")]
+#: A site of any backend, as `Config.sites` holds it.
+SlurmSite = SiteConfig | RestSiteConfig
+AnySite = Annotated[SlurmSite, Field(discriminator="backend")]

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from provisioner.config import SiteConfig
+from provisioner.config import SiteBase
 from provisioner.decide.packing import Item
 from provisioner.model import Demand, JobShape, Unmatchable, round_memory
 
@@ -56,7 +56,7 @@ def item_of(shape: JobShape) -> Item:
     return Item(*item_key(shape))
 
 
-def site_rejects(shape: JobShape, site: SiteConfig, item: Item | None = None) -> str:
+def site_rejects(shape: JobShape, site: SiteBase, item: Item | None = None) -> str:
     """Why `site`'s largest pilot cannot run `shape`, or "" if it can."""
     if shape.desired_sites and site.name not in shape.desired_sites:
         return f"DesiredSites {','.join(shape.desired_sites)} excludes {site.name}"
@@ -92,7 +92,7 @@ class SiteLimits:
     usable_s: int
 
 
-def _limits_of(sites: Sequence[SiteConfig]) -> SiteLimits:
+def _limits_of(sites: Sequence[SiteBase]) -> SiteLimits:
     each = [(s.name, s.pilot.cpus, s.pilot.memory_mb, s.pilot.gpus, s.pilot.usable_s)
             for s in sites]
     if not each:
@@ -104,10 +104,10 @@ def _limits_of(sites: Sequence[SiteConfig]) -> SiteLimits:
 
 #: The sites last asked about (a tuple: immutable, so the same object has the same
 #: content) and their limits: one cycle asks about the same sites for every shape.
-_last_limits: tuple[tuple[SiteConfig, ...], SiteLimits] = ((), _limits_of(()))
+_last_limits: tuple[tuple[SiteBase, ...], SiteLimits] = ((), _limits_of(()))
 
 
-def site_limits(sites: Sequence[SiteConfig]) -> SiteLimits:
+def site_limits(sites: Sequence[SiteBase]) -> SiteLimits:
     """What `fitting_sites` checks of `sites`, read from the configuration once per
     tuple of sites (reading a pydantic model's fields for every shape and site was a
     large part of a cycle)."""
@@ -121,7 +121,7 @@ def site_limits(sites: Sequence[SiteConfig]) -> SiteLimits:
     return limits
 
 
-def fitting_sites(shape: JobShape, sites: Sequence[SiteConfig], item: Item) -> list[str]:
+def fitting_sites(shape: JobShape, sites: Sequence[SiteBase], item: Item) -> list[str]:
     """Names of the sites that can run `shape`, in the order of `sites`: those
     `site_rejects` has no reason against, by the same checks inlined (this runs per shape
     and site in every cycle). A shape without DesiredSites within every site's limits
@@ -138,7 +138,7 @@ def fitting_sites(shape: JobShape, sites: Sequence[SiteConfig], item: Item) -> l
             and (not desired or name in desired)]
 
 
-def unmatchable_reason(shape: JobShape, sites: Sequence[SiteConfig]) -> str:
+def unmatchable_reason(shape: JobShape, sites: Sequence[SiteBase]) -> str:
     """One readable reason naming the field and the numbers, for a shape no site can run."""
     if shape.desired_sites:
         known = [s for s in sites if s.name in shape.desired_sites]
@@ -161,7 +161,7 @@ def unmatchable_reason(shape: JobShape, sites: Sequence[SiteConfig]) -> str:
     return "no single site fits: " + "; ".join(site_rejects(shape, s) for s in sites)
 
 
-def matched_sites(d: Demand, sites: Sequence[SiteConfig], item: Item) -> tuple[list[str], str]:
+def matched_sites(d: Demand, sites: Sequence[SiteBase], item: Item) -> tuple[list[str], str]:
     """The sites that can run the jobs of row `d` (resources and, if evaluated, the
     Requirements), in the order of `sites`; if none, why."""
     fits = fitting_sites(d.shape, sites, item)
@@ -192,7 +192,7 @@ class ShapeMatches:
     step, disk, Requirements evaluated to the same sites) share one `Item` and one list of
     sites: building a frozen dataclass and checking every site cost more than a look-up."""
 
-    def __init__(self, sites: Sequence[SiteConfig]) -> None:
+    def __init__(self, sites: Sequence[SiteBase]) -> None:
         self.sites = sites
         self.known: dict[_MatchKey, tuple[Item, list[str], str]] = {}
         self.items: dict[_ItemKey, Item] = {}
@@ -224,7 +224,7 @@ class ShapeMatches:
         return known
 
 
-def match_demand(demand: Iterable[Demand], sites: Sequence[SiteConfig],
+def match_demand(demand: Iterable[Demand], sites: Sequence[SiteBase],
                  matches: ShapeMatches | None = None) -> tuple[list[Row], list[Unmatchable]]:
     """Stage 1: equal shapes merged, each matched to its sites; rows largest first.
     `matches`: the cycle's matches so far, for the sites `sites`."""

@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from operator import attrgetter
 
-from provisioner.config import Config, SiteConfig
+from provisioner.config import Config, SiteBase
 from provisioner.decide.matching import (
     Row,
     ShapeMatches,
@@ -94,7 +94,7 @@ _NOT_UP = (PilotState.PENDING, PilotState.STARTING)
 class SiteRow:
     """Everything one cycle knows and decides about one site."""
 
-    config: SiteConfig
+    config: SiteBase
     known: bool  # squeue answered this cycle
     held: int = 0  # pilots SLURM holds, ENDING ones too (what max_pilots counts)
     pending: int = 0
@@ -445,7 +445,7 @@ def _place(s: SiteRow, row: Row, n: int, budget: Budget) -> None:
         s.new_jobs += got
 
 
-def _size_new_pilot(site: SiteConfig, used_cpus: int, used_mem: int,
+def _size_new_pilot(site: SiteBase, used_cpus: int, used_mem: int,
                     used_gpus: int = 0) -> tuple[int, int, int]:
     """(cpus, memory_mb, gpus) of a new pilot holding the given jobs: GPUs only as many
     as its jobs use (a GPU site's pilot for CPU-only jobs asks SLURM for none)."""

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from provisioner.config import SiteConfig
+from provisioner.config import SiteBase
 from provisioner.model import JobShape, round_memory
 
 
@@ -102,7 +102,7 @@ def shape_words(cpus: int, memory_mb: int, gpus: int = 0, group: str = "") -> st
     return text
 
 
-def largest_offer(shape: JobShape, sites: Sequence[SiteConfig]) -> dict[str, Any]:
+def largest_offer(shape: JobShape, sites: Sequence[SiteBase]) -> dict[str, Any]:
     """For a shape no site's largest pilot can run: the first resource it asks too much
     of and the site that offers the most of it, as `Why` parameters (resource, asked,
     largest, site); {} if every resource fits some site (then it is the runtime, the

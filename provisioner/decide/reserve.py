@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from provisioner.config import Config, SiteConfig
+from provisioner.config import Config, SiteBase
 from provisioner.decide.matching import Row, ShapeMatches, fitting_sites, item_of
 from provisioner.model import (
     Action,
@@ -121,7 +121,7 @@ _Key = tuple[int, int, tuple[str, ...], tuple[str, ...]]
 
 
 def reserve_rows(snapshot: Snapshot, memory: CycleMemory, config: Config,
-                 sites: Sequence[SiteConfig], now: float,
+                 sites: Sequence[SiteBase], now: float,
                  matches: ShapeMatches | None = None) -> tuple[list[Row], int]:
     """The reserve as rows (marked `reserve`), largest first, and the size the arrivals
     ask for (before `CycleMemory.reserve_hold`).
@@ -164,7 +164,7 @@ def reserve_rows(snapshot: Snapshot, memory: CycleMemory, config: Config,
     return rows, size
 
 
-def _groups(snapshot: Snapshot, sites: Sequence[SiteConfig],
+def _groups(snapshot: Snapshot, sites: Sequence[SiteBase],
             matches: ShapeMatches | None = None) -> tuple[Counter[_Key], dict[_Key, int]]:
     """Recent matchable arrivals per reserve group, and each group's largest memory."""
     if matches is None:
@@ -186,7 +186,7 @@ def _groups(snapshot: Snapshot, sites: Sequence[SiteConfig],
 
 
 def _worth_reserving(counts: Counter[_Key], memory: CycleMemory, config: Config,
-                     sites: Sequence[SiteConfig], lead: float
+                     sites: Sequence[SiteBase], lead: float
                      ) -> tuple[Counter[_Key], dict[_Key, int]]:
     """The groups a reserve slot pays for, and how many slots of each pay at most (groups
     absent: no such limit).

@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from provisioner.config import Config, SiteConfig
+from provisioner.config import Config, SiteBase
 from provisioner.model import (
     Action,
     Cancel,
@@ -66,7 +66,7 @@ class _Site:
     pilots: unclaimed, up or coming up, and nothing needs them (keep_warm of them stay)."""
 
     name: str
-    config: SiteConfig
+    config: SiteBase
     warm: int = 0
     releases: list[Pilot] = field(default_factory=list)
     cancels: list[Pilot] = field(default_factory=list)

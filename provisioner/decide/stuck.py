@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from provisioner.config import Config, SiteConfig
+from provisioner.config import Config, SiteBase
 from provisioner.decide.failed_starts import describe_failing
 from provisioner.decide.matching import item_of, matched_sites
 from provisioner.decide.reasons import STUCK_TEXT
@@ -162,7 +162,7 @@ class StuckGroups:
                      if d.shape in self.stuck else d for d in rows)
 
 
-def fitting_pilots(d: Demand, unclaimed: Sequence[Pilot], sites: Sequence[SiteConfig],
+def fitting_pilots(d: Demand, unclaimed: Sequence[Pilot], sites: Sequence[SiteBase],
                    now: float) -> frozenset[str]:
     """The unclaimed pilots that could start a job of row `d` now: at a site it matches,
     with the free resources, and the walltime left for its stated runtime."""

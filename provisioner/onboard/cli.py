@@ -27,7 +27,9 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     chk.add_argument("--pending-s", type=float, default=300,
                      help="give up on a probe SLURM keeps pending this long (300)")
     disc = what.add_parser("discover", help="print a site block from what SLURM says")
-    disc.add_argument("--host", help="the login node (omit with --local)")
+    disc.add_argument("--host", help="the login node (omit with --local or --rest-url)")
+    disc.add_argument("--rest-url", help="a site without SSH: its slurmrestd's URL")
+    disc.add_argument("--token-file", help="with --rest-url: the file of --user's JWT")
     disc.add_argument("--user", help="the site account pilots run as")
     disc.add_argument("--local", action="store_true", help="SLURM is on this host")
     disc.add_argument("--partition", help="default: SLURM's default partition")
@@ -48,8 +50,10 @@ def _discover(args: argparse.Namespace, fail: Callable[[list[str]], None]) -> in
     from provisioner.onboard.command import site_discover
     from provisioner.onboard.discover import Access
 
+    if args.rest_url:
+        return _discover_rest(args, fail)
     if not args.local and not (args.host and args.user):
-        fail(["site discover: --host LOGIN and --user ACCOUNT (or --local)"])
+        fail(["site discover: --host LOGIN and --user ACCOUNT (or --local, or --rest-url)"])
     if not args.local:
         try:
             SshExecutorConfig(type="ssh", host=args.host, user=args.user, port=args.port,
@@ -60,6 +64,25 @@ def _discover(args: argparse.Namespace, fail: Callable[[list[str]], None]) -> in
     access = Access(host=None if args.local else args.host, user=args.user,
                     key_file=args.key_file, known_hosts=args.known_hosts, port=args.port,
                     slurm_conf=args.slurm_conf)
+    return site_discover(access, args.partition, args.image, args.account, args.name)
+
+
+def _discover_rest(args: argparse.Namespace, fail: Callable[[list[str]], None]) -> int:
+    from pydantic import ValidationError
+
+    from provisioner.config import RestConfig
+    from provisioner.onboard.command import site_discover
+    from provisioner.onboard.discover import Access
+
+    if not (args.user and args.token_file):
+        fail(["site discover: --rest-url URL needs --user ACCOUNT and --token-file FILE"])
+    try:
+        RestConfig(url=args.rest_url, user=args.user, token_file=args.token_file)
+    except ValidationError as exc:
+        fail([f"site discover: --{str(e['loc'][0]).replace('url', 'rest-url').replace('_', '-')}"
+              f" {e['input']!r}: {e['msg']}" for e in exc.errors()])
+    access = Access(host=None, user=args.user, rest_url=args.rest_url,
+                    token_file=args.token_file)
     return site_discover(access, args.partition, args.image, args.account, args.name)
 
 

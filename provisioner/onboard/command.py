@@ -10,17 +10,27 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from provisioner.config import Config, PoolConfig, SiteConfig, SshExecutorConfig
+from provisioner.config import (
+    Config,
+    PoolConfig,
+    RestSiteConfig,
+    SiteConfig,
+    SshExecutorConfig,
+)
 from provisioner.errors import BackendError
 from provisioner.onboard import check, fit
-from provisioner.onboard.discover import Access, LiveError, discover, read_live
+from provisioner.onboard.discover import Access, Live, LiveError, discover, read_live
 from provisioner.onboard.probe import Limits, Probe
+from provisioner.onboard.restcheck import image_row, rest_checks
+from provisioner.onboard.restinfo import read_live_rest
 from provisioner.onboard.table import Check, as_json, failed, render, site_ok, skipped
+from provisioner.sites import pilot_settings, rest_client
 from provisioner.sites.executor import Executor
 from provisioner.sites.slurm_cli import SlurmCliBackend
+from provisioner.sites.slurm_rest import SlurmRestBackend
 
 
 class CollectorAds:
@@ -44,12 +54,8 @@ class CollectorAds:
 def _backend(config: Config, site: SiteConfig, executor: Executor, probe: bool
              ) -> SlurmCliBackend:
     pid = config.pool.provisioner_id + ("-probe" if probe else "")
-    return SlurmCliBackend(name=site.name, provisioner_id=pid, executor=executor,
-                           slurm_conf=site.slurm_conf, partition=site.partition,
-                           account=site.account, qos=site.qos,
-                           output_dir=site.runtime.log_dir or None,
-                           gpu_request=site.gpu_request, gpu_type=site.gpu_type,
-                           log_dir=site.runtime.log_dir or None)
+    return SlurmCliBackend(executor=executor, slurm_conf=site.slurm_conf,
+                           log_dir=site.runtime.log_dir or None, **pilot_settings(site, pid))
 
 
 def _login(config: Config, index: int, site: SiteConfig, executor: Executor) -> list[Check]:
@@ -79,9 +85,44 @@ def _slurm(config: Config, index: int, site: SiteConfig, executor: Executor) -> 
     return rows
 
 
+def _rest_backend(config: Config, index: int, site: RestSiteConfig, probe: bool
+                  ) -> SlurmRestBackend:
+    pid = config.pool.provisioner_id + ("-probe" if probe else "")
+    return SlurmRestBackend(client=rest_client(site, index), **pilot_settings(site, pid))
+
+
+def check_rest_site(config: Config, index: int, site: RestSiteConfig, probe: bool,
+                    limits: Limits) -> list[Check]:
+    """`site check` of a slurm-rest site: token, server, version, SLURM, probe."""
+    backend = _rest_backend(config, index, site, probe=True)
+    try:
+        rows = rest_checks(index, site, backend.client)
+        if not site_ok(rows):
+            return [*rows, skipped("SLURM", "cannot ask slurmrestd", "slurm")]
+        try:
+            live = read_live_rest(backend.client, f"sites[{index}] ({site.name})")
+            rows += fit.slurm_checks(index, site, live.partitions, live.nodes)
+        except LiveError as exc:
+            rows.append(failed("SLURM answers", str(exc), f"check sites[{index}].rest",
+                               "slurm"))
+        rows.append(image_row(site))
+        if not probe:
+            return [*rows, skipped("probe pilot", "--no-probe", "probe")]
+        if not site_ok(rows):
+            return [*rows, skipped("probe pilot", "the checks above failed", "probe")]
+        return rows + Probe(index, site, config, backend, CollectorAds(config.pool),
+                            limits).run()
+    except BackendError as exc:
+        return [failed("slurmrestd", str(exc), "see the message", "rest")]
+    finally:
+        backend.close()
+
+
 def check_site(config: Config, index: int, probe: bool, limits: Limits,
                control_dir: str) -> list[Check]:
     site = config.sites[index]
+    if isinstance(site, RestSiteConfig):
+        return check_rest_site(config, index, site, probe, limits)
     executor = check.site_executor(site, control_dir)
     rows: list[Check] = []
     try:
@@ -128,20 +169,34 @@ def site_check(config: Config, names: Sequence[str], as_json_out: bool, probe: b
     return 0 if all(site_ok(rows) for rows, _ in results.values()) else 1
 
 
+def _read_live(config: Config, index: int, control_dir: str) -> Live:
+    """What SLURM says of site `index`, over its backend's way in."""
+    site = config.sites[index]
+    where = f"sites[{index}] ({site.name})"
+    if isinstance(site, RestSiteConfig):
+        client = rest_client(site, index)
+        try:
+            return read_live_rest(client, where)
+        finally:
+            client.close()
+    executor = check.site_executor(site, control_dir)
+    try:
+        return read_live(executor, site.slurm_conf, where)
+    finally:
+        executor.close()
+
+
 def live_differences(config: Config) -> int:
     """`check-config --live`: every field of every site block that differs from SLURM."""
     control_dir = check.private_dir()
     problems = 0
     try:
         for i, site in enumerate(config.sites):
-            executor = check.site_executor(site, control_dir)
             try:
-                live = read_live(executor, site.slurm_conf, f"sites[{i}] ({site.name})")
+                live = _read_live(config, i, control_dir)
                 lines = fit.differences(i, site, live.partitions, live.nodes)
             except (LiveError, BackendError) as exc:
                 lines = [f"cannot read the live site: {exc}"]
-            finally:
-                executor.close()
             problems += len(lines)
             print(f"sites[{i}] ({site.name}): " + ("matches the live site" if not lines
                   else f"{len(lines)} difference(s)"))
@@ -157,6 +212,8 @@ def site_discover(access: Access, partition: str | None, image: str, account: st
     from provisioner.config import LocalExecutorConfig
     from provisioner.sites import make_executor
 
+    if access.rest_url:
+        return _discover_rest(access, partition, image, account, name)
     where = f"{access.user}@{access.host}" if access.host else "this host"
     control_dir = check.private_dir()
     cfg: SshExecutorConfig | LocalExecutorConfig
@@ -169,12 +226,36 @@ def site_discover(access: Access, partition: str | None, image: str, account: st
         cfg = LocalExecutorConfig(run_as=access.user)
     executor = make_executor(name or "discover", cfg)
     try:
-        live = read_live(executor, access.slurm_conf, where)
-        print(discover(live, partition, access, image, account, name, where), end="")
+        return _print_block(lambda: read_live(executor, access.slurm_conf, where), partition,
+                            access, image, account, name, where)
+    finally:
+        executor.close()
+        shutil.rmtree(control_dir, ignore_errors=True)
+
+
+def _discover_rest(access: Access, partition: str | None, image: str, account: str | None,
+                   name: str | None) -> int:
+    from provisioner.sites.rest_client import RestClient
+    from provisioner.sites.rest_token import TokenFile
+
+    assert access.rest_url and access.user and access.token_file
+    token = TokenFile(site=name or "discover", path=access.token_file, what="--token-file")
+    client = RestClient(site=name or "discover", url=access.rest_url, user=access.user,
+                        token=token, where="--rest-url")
+    where = f"{access.user} at {access.rest_url}"
+    try:
+        return _print_block(lambda: read_live_rest(client, where), partition, access, image,
+                            account, name, where)
+    finally:
+        client.close()
+
+
+def _print_block(read: Callable[[], Live], partition: str | None, access: Access,
+                 image: str, account: str | None, name: str | None, where: str) -> int:
+    """The site block from what `read` finds, printed; 1 with the error if it fails."""
+    try:
+        print(discover(read(), partition, access, image, account, name, where), end="")
         return 0
     except (LiveError, BackendError) as exc:
         print(f"provisioner: site discover: {exc}", file=sys.stderr)
         return 1
-    finally:
-        executor.close()
-        shutil.rmtree(control_dir, ignore_errors=True)

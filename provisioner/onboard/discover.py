@@ -89,6 +89,9 @@ class Access:
     known_hosts: str = "/etc/provisioner/ssh/known_hosts"
     port: int = 22
     slurm_conf: str | None = None
+    #: A site without SSH: slurmrestd's URL, and the file of the account's JWT.
+    rest_url: str | None = None
+    token_file: str | None = None
 
 
 def site_name(cluster: str, host: str | None) -> str:
@@ -116,23 +119,13 @@ def site_block(name: str, part: Partition, nodes: Sequence[Node], access: Access
     memory_mb = int(mem * MEMORY_SHARE) // 100 * 100 or mem
     gpus = min(n.gpus.count for n in mine)
     max_time = part.max_time_s or DEFAULT_WALLTIME_S
-    executor: dict[str, Any]
-    if access.host is None:
-        executor = {"type": "local"}
-    else:
-        executor = {"type": "ssh", "host": access.host, "user": access.user,
-                    "key_file": access.key_file, "known_hosts": access.known_hosts}
-        if access.port != 22:
-            executor["port"] = access.port
-    block: dict[str, Any] = {"name": name, "backend": "slurm-cli"}
-    if access.slurm_conf:
-        block["slurm_conf"] = access.slurm_conf
+    block, reach = _access_block(name, access)
     block["partition"] = part.name
     if account:
         block["account"] = account
     block.update({
         "max_walltime_s": max_time,
-        "executor": executor,
+        **reach,
         "template": "frankfurt.sh.j2" if part.whole_node else "gsi.sh.j2",
         "image": image,
         "pilot": {
@@ -145,6 +138,27 @@ def site_block(name: str, part: Partition, nodes: Sequence[Node], access: Access
         },
     })
     return block
+
+
+def _access_block(name: str, access: Access) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The block's head (name, backend and its settings) and how its commands are
+    run (the executor, which goes after the walltime; none for slurm-rest)."""
+    if access.rest_url:
+        return {"name": name, "backend": "slurm-rest",
+                "rest": {"url": access.rest_url, "user": access.user,
+                         "token_file": access.token_file}}, {}
+    executor: dict[str, Any]
+    if access.host is None:
+        executor = {"type": "local"}
+    else:
+        executor = {"type": "ssh", "host": access.host, "user": access.user,
+                    "key_file": access.key_file, "known_hosts": access.known_hosts}
+        if access.port != 22:
+            executor["port"] = access.port
+    block: dict[str, Any] = {"name": name, "backend": "slurm-cli"}
+    if access.slurm_conf:
+        block["slurm_conf"] = access.slurm_conf
+    return block, {"executor": executor}
 
 
 def describe(part: Partition, nodes: Sequence[Node]) -> str:

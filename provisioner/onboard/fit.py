@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from provisioner.config import SiteConfig
+from provisioner.config import SlurmSiteBase
 from provisioner.onboard.slurminfo import Node, Partition, pick_partition
 from provisioner.onboard.table import Check, failed, passed, skipped
 
@@ -25,7 +25,7 @@ def _dur(seconds: int | None) -> str:
     return f"{days}-{text}" if days else text
 
 
-def partition_of(index: int, site: SiteConfig, partitions: Sequence[Partition]
+def partition_of(index: int, site: SlurmSiteBase, partitions: Sequence[Partition]
                  ) -> tuple[Partition | None, Check]:
     """The site's partition (or SLURM's default) and the row saying so."""
     field = f"sites[{index}].partition"
@@ -44,7 +44,7 @@ def partition_of(index: int, site: SiteConfig, partitions: Sequence[Partition]
                         f"nodes {part.nodes}", S)
 
 
-def walltime_check(index: int, site: SiteConfig, part: Partition) -> Check:
+def walltime_check(index: int, site: SlurmSiteBase, part: Partition) -> Check:
     limit = part.max_time_s
     want = site.pilot.walltime_s
     found = f"MaxTime={_dur(limit)} ({limit if limit is not None else 'no limit'} s), " \
@@ -61,7 +61,7 @@ def walltime_check(index: int, site: SiteConfig, part: Partition) -> Check:
     return passed("MaxTime >= pilot walltime", found, S)
 
 
-def account_check(index: int, site: SiteConfig, part: Partition) -> Check:
+def account_check(index: int, site: SlurmSiteBase, part: Partition) -> Check:
     allowed = ",".join(part.allow_accounts)
     if part.allows_account(site.account):
         who = site.account or "the account's default"
@@ -77,7 +77,7 @@ def _biggest(nodes: Sequence[Node]) -> str:
                      + (f", {n.gpus.count} GPUs" if n.gpus.count else "") for n in nodes[:4])
 
 
-def node_check(index: int, site: SiteConfig, part: Partition, nodes: Sequence[Node]
+def node_check(index: int, site: SlurmSiteBase, part: Partition, nodes: Sequence[Node]
                ) -> Check:
     """Some node of the partition holds a whole pilot (cores, memory, GPUs, type)."""
     p, f = site.pilot, f"sites[{index}].pilot"
@@ -113,7 +113,7 @@ def node_check(index: int, site: SiteConfig, part: Partition, nodes: Sequence[No
     return failed("a node fits the pilot", f"{want}; largest: {_biggest(nodes)}", fix, S)
 
 
-def shape_check(index: int, site: SiteConfig, part: Partition, nodes: Sequence[Node]
+def shape_check(index: int, site: SlurmSiteBase, part: Partition, nodes: Sequence[Node]
                 ) -> Check:
     """A whole-node partition gives every pilot a whole node: pilots must be sized so."""
     f = f"sites[{index}].pilot"
@@ -130,7 +130,7 @@ def shape_check(index: int, site: SiteConfig, part: Partition, nodes: Sequence[N
                   f"pilots of {site.pilot.cpus} cores", S)
 
 
-def slurm_checks(index: int, site: SiteConfig, partitions: Sequence[Partition],
+def slurm_checks(index: int, site: SlurmSiteBase, partitions: Sequence[Partition],
                  nodes: Sequence[Node]) -> list[Check]:
     """Partition, time limit, account, node fit and shape, in that order."""
     part, exists = partition_of(index, site, partitions)
@@ -143,7 +143,7 @@ def slurm_checks(index: int, site: SiteConfig, partitions: Sequence[Partition],
             node_check(index, site, part, in_part), shape_check(index, site, part, in_part)]
 
 
-def differences(index: int, site: SiteConfig, partitions: Sequence[Partition],
+def differences(index: int, site: SlurmSiteBase, partitions: Sequence[Partition],
                 nodes: Sequence[Node]) -> list[str]:
     """Every way the block differs from the live site, one line each, naming the field
     and both values (``check-config --live``). Empty: the block matches."""

@@ -12,6 +12,7 @@ It never fails the job: whatever it finds, the wrapper runs next.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -109,8 +110,18 @@ STEPS: tuple[tuple[str, Callable[[Mapping[str, str]], Step]], ...] = (
     ("collector", check_collector), ("xcache", check_xcache))
 
 
+def to_comment(lines: list[str], job_id: str) -> None:
+    """The step lines into the job's comment (``scontrol update``, as the job's owner):
+    at a site read through slurmrestd (``PILOT_END_COMMENT=1``) the probe's output
+    file cannot be read, its comment can. Never raises."""
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+        subprocess.run(["scontrol", "update", f"JobId={job_id}", "Comment=" + "\n".join(lines)],
+                       capture_output=True, timeout=30, stdin=subprocess.DEVNULL, check=False)
+
+
 def main(env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env
+    lines = []
     for name, step in STEPS:
         if name == "xcache" and not env.get("PILOT_XCACHE"):
             continue
@@ -121,7 +132,10 @@ def main(env: Mapping[str, str] | None = None) -> int:
             ok, detail = False, f"{type(exc).__name__}: {exc}"
         line = {"step": name, "ok": ok, "seconds": round(time.monotonic() - start, 3),
                 "detail": detail}
-        print(PREFIX + json.dumps(line, sort_keys=True), flush=True)
+        lines.append(PREFIX + json.dumps(line, sort_keys=True, separators=(",", ":")))
+        print(lines[-1], flush=True)
+    if env.get("PILOT_END_COMMENT") == "1" and env.get("SLURM_JOB_ID", "").isdigit():
+        to_comment(lines, env["SLURM_JOB_ID"])
     return 0
 
 

@@ -18,14 +18,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from provisioner.config import Config, SiteConfig
+from provisioner.config import Config, SlurmSite
 from provisioner.errors import BackendError
 from provisioner.onboard.nodecheck import PREFIX
+from provisioner.onboard.probeio import CliProbeIO, ProbeIO, RestProbeIO, trouble_line
 from provisioner.onboard.table import Check, failed, passed, skipped
 from provisioner.pilot.containers import RUNNING
+from provisioner.pilot.endrecord import REASONS
 from provisioner.pilot.script import render_pilot_script
 from provisioner.sites.base import PilotRequest
 from provisioner.sites.slurm_cli import SlurmCliBackend
+from provisioner.sites.slurm_rest import SlurmRestBackend
 
 P = "probe"
 WRAPPER = "-m provisioner.pilot.wrapper"
@@ -82,29 +85,25 @@ def parse_node_lines(text: str) -> dict[str, tuple[bool, str, float]]:
     return out
 
 
-def parse_squeue_state(stdout: str) -> tuple[str, str] | None:
-    """``squeue -h -j ID -o %T|%r`` -> (state, reason); None: SLURM no longer lists it."""
-    for line in stdout.splitlines():
-        if "|" in line:
-            state, reason = line.strip().split("|", 1)
-            return state, reason
-    return None
-
-
 @dataclass
 class Probe:
     """One probe at one site. `clock` and `sleep` are injected (tests run it on a
     virtual clock); `ads` queries the collector."""
 
     index: int
-    site: SiteConfig
+    site: SlurmSite
     config: Config
-    backend: SlurmCliBackend
+    backend: SlurmCliBackend | SlurmRestBackend
     ads: FindAds
     limits: Limits = Limits()
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
     rows: dict[str, Check] = field(default_factory=dict)
+    io: ProbeIO = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.io = (RestProbeIO(self.backend) if isinstance(self.backend, SlurmRestBackend)
+                   else CliProbeIO(self.backend, self.site.name, self.site.runtime.log_dir))
 
     @property
     def constraint(self) -> str:
@@ -124,12 +123,25 @@ class Probe:
                             script=script)
 
     def state(self, job_id: str) -> tuple[str, str] | None:
-        result = self.backend.executor.run(
-            ["squeue", "--noheader", f"--jobs={job_id}", "--format=%T|%r"],
-            self.backend._env())
-        if result.returncode != 0 and "Invalid job id" in result.stderr:
-            return None
-        return parse_squeue_state(result.stdout)
+        return self.io.state(job_id)
+
+    def pilot_said(self, job_id: str) -> str:
+        """The pilot's own reason: its end record (on both kinds of site) and the line
+        of its output that names a failure (where the output can be read)."""
+        said = []
+        try:
+            record = self.backend.end_records([job_id]).get(job_id)
+        except BackendError:
+            record = None
+        if record is not None:
+            meaning = REASONS.get(record.reason, "")
+            said.append(f"its end record: {record.reason}" + (f" ({meaning})" if meaning
+                                                              else ""))
+        output = self.io.output(job_id)[0].splitlines()
+        line = trouble_line("\n".join(x for x in output if not x.startswith(PREFIX)))
+        if line:
+            said.append(f"its output: {line}")
+        return "; ".join(said)
 
     def _wait(self, what: Callable[[], bool], limit: float) -> bool:
         """Poll `what` until true or `limit` seconds passed; whether it came true."""
@@ -197,12 +209,15 @@ class Probe:
             why = (f"the node checks failed ({', '.join(NODE_ROWS[k] for k in blocking)}), "
                    f"after {self.clock() - t1:.0f} s" if blocking else
                    f"within {self.clock() - t1:.0f} s of its start")
+            said = self.pilot_said(job_id)
             self.rows["reaches the collector"] = failed(
-                "reaches the collector", f"no startd ad of job {job_id}: {why}",
+                "reaches the collector", f"no startd ad of job {job_id}: {why}"
+                + (f"; the pilot said: {said}" if said else ""),
                 f"see the node checks below and the pilot's output in "
                 f"{self.site.runtime.log_dir or '(runtime.log_dir unset)'}", P)
             return False
         ad = found[0]
+        self.node_steps(job_id)  # read now: a REST site's comment ends as the end record
         self.rows["reaches the collector"] = passed(
             "reaches the collector", f"{ad.get('Name', '?')} in the pool through CCB", P,
             self.clock() - t1)
@@ -265,23 +280,15 @@ class Probe:
             failed("cleaned up", "; ".join(problems), f"scancel {job_id} at the site", P))
 
     def node_steps(self, job_id: str) -> tuple[dict[str, tuple[bool, str, float]], str]:
-        """The worker's own checks so far, from the probe's output file, and that
-        file's path (with the error if it could not be read)."""
-        log_dir = self.site.runtime.log_dir
-        if not log_dir:
-            return {}, ""
-        path = f"{log_dir}/{self.backend.job_name}-{self.site.name}-{job_id}.out"
-        try:
-            text = self.backend.executor.run(["head", "-c", "200000", "--", path],
-                                             self.backend._env()).stdout
-        except BackendError as exc:
-            return {}, f"{path} ({exc})"
-        return parse_node_lines(text), path
+        """The worker's own checks so far, from the probe's output, and where that was
+        read (with the error if it could not be)."""
+        text, where = self.io.output(job_id)
+        return parse_node_lines(text), where
 
     def node_rows(self, job_id: str) -> list[Check]:
         """The worker's own checks, one row each."""
         wanted = [k for k in NODE_ROWS if k != "xcache" or self.site.xcache]
-        if not self.site.runtime.log_dir:
+        if not self.site.runtime.log_dir and not isinstance(self.io, RestProbeIO):
             why = f"sites[{self.index}].runtime.log_dir is unset: no probe output to read"
             return [skipped(NODE_ROWS[k], why, P) for k in wanted]
         steps, path = self.node_steps(job_id)

@@ -3,7 +3,9 @@ provisioner accounts the pilot's SLURM life (sites without slurmdbd have no `sac
 
 The pilot wrapper writes ``<runtime.log_dir>/end/<site>-<slurm job id>.json`` on every
 way out (temporary file, then rename: a reader sees a whole record or none); the site
-backend reads it from the login node once the job left `squeue`. Site and job id are
+backend reads it from the login node once the job left `squeue`. At a site read
+through slurmrestd it also puts the record into its job's comment, where the backend
+reads it through the API. Site and job id are
 both in the name, as two sites may share one log directory and number their jobs alike.
 
 Contents (no secrets): format version ``v``, ``job_id``, ``site``, ``provisioner_id``,
@@ -21,6 +23,7 @@ import logging
 import math
 import os
 import re
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -119,14 +122,36 @@ def cores_from_env(env: dict[str, str]) -> int:
     return 0
 
 
+def write_comment(record: EndRecord, timeout_s: float = 30) -> bool:
+    """Put `record` into its own job's comment (``scontrol update``, as the job's owner,
+    with the node's SLURM): where the service reads the site through slurmrestd and no
+    file of the pilot's reaches it. Never raises; True if SLURM took it."""
+    text = json.dumps(json.loads(record.to_json()), sort_keys=True, separators=(",", ":"))
+    argv = ["scontrol", "update", f"JobId={record.job_id}", f"Comment={text}"]
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,
+                                stdin=subprocess.DEVNULL, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.warning("end record not put in the job's comment: %s", exc)
+        return False
+    if result.returncode != 0:
+        log.warning("end record not put in the job's comment: %s",
+                    (result.stderr or result.stdout).strip()[-300:])
+        return False
+    return True
+
+
 def write_from_env(env: dict[str, str], start: float, end: float, reason: str
                    ) -> Path | None:
     """The pilot's last act: its end record into ``$PILOT_LOG_DIR/end/`` from its batch
-    script's and SLURM's environment. Never raises (a pilot without a log directory,
-    or one that cannot write there, leaves none: its end is then the cycle that saw it
-    leave `squeue`); returns the record's path, or None."""
+    script's and SLURM's environment, and into its job's comment too where the batch
+    script asks for it (``PILOT_END_COMMENT=1``: a site read through slurmrestd). Never
+    raises (a pilot without a log directory, or one that cannot write there, leaves no
+    file: its end is then the cycle that saw it leave `squeue`); returns the record's
+    path, or None."""
     log_dir = env.get("PILOT_LOG_DIR", "")
-    if not log_dir:
+    to_comment = env.get("PILOT_END_COMMENT") == "1"
+    if not log_dir and not to_comment:
         log.info("no log directory: no end record")
         return None
     try:
@@ -134,6 +159,10 @@ def write_from_env(env: dict[str, str], start: float, end: float, reason: str
             job_id=env.get("SLURM_JOB_ID", ""), site=env.get("PILOT_SITE", ""),
             provisioner_id=env.get("PILOT_PROVISIONER_ID", ""), start_at=start,
             end_at=max(start, end), cores=cores_from_env(env), reason=reason)
+        if to_comment and write_comment(record):
+            log.info("end record in the job's comment: %s", reason)
+        if not log_dir:
+            return None
         path = write(Path(log_dir) / END_DIR, record)
     except Exception as exc:  # the pilot is ending: report, never mask its exit
         log.warning("no end record written in %s: %s", log_dir, exc)

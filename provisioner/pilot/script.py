@@ -23,7 +23,7 @@ from pathlib import Path
 
 import jinja2
 
-from provisioner.config import Config, SiteConfig
+from provisioner.config import Config, SiteBase
 
 #: Where slurm_templates/ is looked for when the config does not say (templates_dir
 #: overrides): the package data of an installed wheel, then a source checkout (beside
@@ -83,7 +83,7 @@ def _environment(directory: Path) -> jinja2.Environment:
     return env
 
 
-def render_pilot_script(config: Config, site: SiteConfig, walltime_s: int,
+def render_pilot_script(config: Config, site: SiteBase, walltime_s: int,
                         gpus: int = 0, start_slot: int = 0, start_slots: int = 1) -> str:
     """The batch script of one pilot at `site` that asks SLURM for `gpus` GPUs, the
     `start_slot`-th of `start_slots` submitted together (their starts are spread over
@@ -109,6 +109,8 @@ def render_pilot_script(config: Config, site: SiteConfig, walltime_s: int,
         start_slots=start_slots,
         scratch=rt.scratch,
         log_dir=rt.log_dir,
+        # slurmrestd sites: the end record goes into the job's comment too.
+        end_comment="1" if getattr(site, "backend", "") == "slurm-rest" else "0",
         bind=",".join(rt.bind),
         containers="1" if rt.containers else "0",
         container_test_image=rt.container_test_image or site.image,

@@ -55,7 +55,7 @@ log = logging.getLogger("provisioner.pilot")
 #: (provisioner.pool.pilot_view.SLURM_SIGNAL_SLOP_S; not imported: the pilot has no HTCondor
 #: bindings).
 SIGNAL_SLOP_S = 60
-#: Retire and its withdrawal (provisioner.sites.slurm_cli.RETIRE_SIGNAL, UNRETIRE_SIGNAL).
+#: Retire and its withdrawal (provisioner.sites.slurm_jobs.RETIRE_SIGNAL, UNRETIRE_SIGNAL).
 RETIRE_SIGNAL = signal.SIGUSR2
 UNRETIRE_SIGNAL = signal.SIGCONT
 #: How often a retiring pilot looks (in /proc) whether its jobs have ended.

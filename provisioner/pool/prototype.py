@@ -37,7 +37,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from provisioner.config import Config, PoolConfig, SiteConfig
+from provisioner.config import Config, PoolConfig, SiteBase
 from provisioner.model import Demand, JobShape
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ def _classad() -> Any:
     return classad2
 
 
-def prototype_ad(site: SiteConfig, pool: PoolConfig) -> Any:
+def prototype_ad(site: SiteBase, pool: PoolConfig) -> Any:
     """The machine ad of a fresh, unclaimed pilot of `site` (a classad2.ClassAd)."""
     ca = _classad()
     p = site.pilot
@@ -229,7 +229,7 @@ class SiteMatcher:
 
     def __init__(self, config: Config) -> None:
         self.enabled = config.policy.match_requirements
-        self.sites: Sequence[SiteConfig] = config.sites
+        self.sites: Sequence[SiteBase] = config.sites
         self.ads = {s.name: prototype_ad(s, config.pool) for s in config.sites} \
             if self.enabled else {}
         self.declared = {s.name: frozenset(a.lower() for a in s.pilot_ad.extra_attributes)

@@ -16,7 +16,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from provisioner.config import MetricsConfig, SiteConfig
+from provisioner.config import MetricsConfig, SiteBase
 from provisioner.decide.breaker import BreakerState
 from provisioner.decide.limits import SiteLimits
 from provisioner.decide.matching import item_of, site_rejects
@@ -115,7 +115,7 @@ def exposed_names() -> set[str]:
     return out
 
 
-def demand_by_site(demand: Iterable[Demand], sites: Sequence[SiteConfig]) -> dict[str, int]:
+def demand_by_site(demand: Iterable[Demand], sites: Sequence[SiteBase]) -> dict[str, int]:
     """Idle jobs per site whose largest pilot could run them; "none" for no site."""
     out = {s.name: 0 for s in sites} | {"none": 0}
     for d in demand:
@@ -217,7 +217,7 @@ class Metrics:
         return self._metric(name)
 
     # --- updates ---------------------------------------------------------
-    def cycle(self, *, now: float, timings: Mapping[str, float], sites: Sequence[SiteConfig],
+    def cycle(self, *, now: float, timings: Mapping[str, float], sites: Sequence[SiteBase],
               pool_known: bool, demand: Iterable[Demand], unmatchable: Iterable[Unmatchable],
               pilots: Sequence[Pilot], circuit: Mapping[str, int],
               known_sites: Iterable[str],

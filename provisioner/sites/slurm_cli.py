@@ -1,5 +1,7 @@
 """SLURM through its command-line tools: sbatch, squeue --json, scancel; and the
 pilots' end records read with head (and pruned with find) on the login node.
+SLURM's states and refusals are read as every backend reads them
+(provisioner.sites.slurm_jobs, provisioner.sites.slurm_refusals).
 
 Commands run through an `Executor` (provisioner.sites.executor: on this host, or
 on the site's login node over SSH). Every command is an argv list; configuration
@@ -16,93 +18,22 @@ import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from provisioner.errors import (
-    AtLimit,
-    BackendError,
-    Misconfigured,
-    Rejected,
-    Transient,
-    Unreachable,
-)
+from provisioner.errors import BackendError, Rejected, Transient, Unreachable
 from provisioner.pilot import endrecord
 from provisioner.pilot.endrecord import BadEndRecord, EndRecord
-from provisioner.sites.base import MAX_END_RECORDS, PilotRequest, SiteJob, SiteJobState
+from provisioner.sites.base import MAX_END_RECORDS, PilotRequest, SiteJob
 from provisioner.sites.executor import CommandResult, Executor
+from provisioner.sites.slurm_jobs import (
+    RELEASE_SIGNAL,
+    RETIRE_SIGNAL,
+    UNRETIRE_SIGNAL,
+    parse_squeue,
+)
+from provisioner.sites.slurm_refusals import UNKNOWN_JOB, classify_failure, classify_sbatch
 
 log = logging.getLogger(__name__)
 
-#: SLURM job states -> what the provisioner sees; a finished job is not a pilot.
-STATE_TABLE: dict[str, SiteJobState | None] = {
-    "PENDING": SiteJobState.PENDING,
-    "REQUEUED": SiteJobState.PENDING,
-    "REQUEUE_HOLD": SiteJobState.PENDING,
-    "REQUEUE_FED": SiteJobState.PENDING,
-    "RESV_DEL_HOLD": SiteJobState.PENDING,
-    "CONFIGURING": SiteJobState.RUNNING,
-    "RUNNING": SiteJobState.RUNNING,
-    "RESIZING": SiteJobState.RUNNING,
-    "SUSPENDED": SiteJobState.RUNNING,
-    "SIGNALING": SiteJobState.RUNNING,
-    "STAGE_OUT": SiteJobState.ENDING,
-    "COMPLETING": SiteJobState.ENDING,
-    "STOPPED": SiteJobState.ENDING,
-    "COMPLETED": None,
-    "CANCELLED": None,
-    "FAILED": None,
-    "TIMEOUT": None,
-    "NODE_FAIL": None,
-    "PREEMPTED": None,
-    "BOOT_FAIL": None,
-    "DEADLINE": None,
-    "OUT_OF_MEMORY": None,
-    "SPECIAL_EXIT": None,
-    "REVOKED": None,
-}
-
-#: The signal that asks a pilot to leave if idle (see provisioner.pilot.wrapper).
-RELEASE_SIGNAL = "USR1"
-#: Leave when the running jobs end; and its withdrawal: a signal scancel knows by name
-#: whose default action (on a process that is not stopped) is to be ignored, so one that
-#: reaches a process without a handler does no harm. (SLURM also sends CONT when it
-#: resumes a suspended job: then the pilot merely stays until it is released.)
-RETIRE_SIGNAL = "USR2"
-UNRETIRE_SIGNAL = "CONT"
-
-_UNREACHABLE = re.compile(r"unable to contact slurm controller|connection refused|"
-                          r"slurm_load_jobs error|cannot connect|zero bytes were transmitted",
-                          re.IGNORECASE)
-_TRANSIENT = re.compile(r"socket timed out|try again|temporarily|resource temporarily|"
-                        r"slurmctld is busy|timed out|rate limit exceeded", re.IGNORECASE)
-#: Submit limits (QOS or association MaxSubmitJobs/GrpSubmitJobs): sbatch is refused,
-#: the limit's name on the first line, then "Job violates accounting/QOS policy (job
-#: submit limit, ...)"; a job_submit plugin may print the name alone.
-SUBMIT_LIMIT_REASONS = ("QOSMaxSubmitJobPerUserLimit", "QOSMaxSubmitJobPerAccountLimit",
-                        "QOSGrpSubmitJobsLimit", "AssocMaxSubmitJobLimit",
-                        "AssocGrpSubmitJobsLimit")
-_SUBMIT_LIMIT = re.compile("|".join([*SUBMIT_LIMIT_REASONS,
-                                     r"job violates accounting/QOS policy \(job submit limit"]),
-                           re.IGNORECASE)
-#: Job-count limits (MaxJobs, GrpJobs): sbatch accepts, the job pends with this reason.
-JOB_LIMIT_REASONS = frozenset({"QOSMaxJobsPerUserLimit", "QOSMaxJobsPerAccountLimit",
-                               "QOSGrpJobsLimit", "AssocMaxJobsLimit", "AssocGrpJobsLimit",
-                               "AssociationJobLimit"})
-#: SLURM's words for a refused configuration -> the site's configuration field.
-CONFIG_ERRORS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"invalid account or account/partition combination", re.I),
-     "account (with partition)"),
-    (re.compile(r"invalid partition name", re.I), "partition"),
-    (re.compile(r"invalid qos specification|invalid qos", re.I), "qos"),
-    (re.compile(r"requested time limit is invalid", re.I), "pilot.walltime_s"),
-    (re.compile(r"requested node configuration is not available", re.I),
-     "pilot (cpus, memory_mb, gpus)"),
-    (re.compile(r"invalid generic resource \(gres\) specification|invalid gres", re.I),
-     "gpu_request/gpu_type"),
-)
-_REASON_WORD = re.compile(r"\b(" + "|".join(SUBMIT_LIMIT_REASONS) + r")\b", re.IGNORECASE)
-_UNKNOWN_JOB = re.compile(r"invalid job id|job has already finished|already completing",
-                          re.IGNORECASE)
 _HEAD_HEADER = re.compile(r"^==> (.*) <==$")
 
 #: End records are kept this long at the site (an admin may look at them; the
@@ -110,83 +41,6 @@ _HEAD_HEADER = re.compile(r"^==> (.*) <==$")
 #: by the provisioner, at most once per RECORD_PRUNE_EVERY_S.
 RECORD_KEEP_S = 7 * 86400
 RECORD_PRUNE_EVERY_S = 86400
-
-
-def _number(value: Any) -> float | None:
-    """squeue JSON numbers are plain or {"set": bool, "infinite": bool, "number": n}."""
-    if isinstance(value, dict):
-        if not value.get("set", True) or value.get("infinite"):
-            return None
-        value = value.get("number")
-    if isinstance(value, int | float):
-        return float(value)
-    return None
-
-
-def _state(job: Mapping[str, Any]) -> str:
-    state = job.get("job_state")
-    if isinstance(state, list):
-        return str(state[0]) if state else ""
-    return str(state or "")
-
-
-#: The untyped GPU count in a TRES string: cpu=4,mem=8G,node=1,gres/gpu=2,gres/gpu:a100=2.
-_TRES_GPUS = re.compile(r"(?:^|,)gres/gpu=([0-9]+)")
-#: A GPU request in tres_per_node / tres_per_job: "gres/gpu:2", "gres:gpu:a100:2", "gpu:2".
-_PER_GPUS = re.compile(r"(?:^|,)(?:gres[/:])?gpu(?::[^:,=]+)?:([0-9]+)")
-
-
-def _gpus(job: Mapping[str, Any]) -> int:
-    """The job's GPUs: allocated (running) or asked for (pending); 0 if none.
-
-    A TRES string counts the GPUs once untyped (and again per type, not summed
-    here); the per-node/per-job request strings are the fallback."""
-    for key, pattern in (("tres_alloc_str", _TRES_GPUS), ("tres_req_str", _TRES_GPUS),
-                         ("tres_per_node", _PER_GPUS), ("tres_per_job", _PER_GPUS)):
-        text = job.get(key)
-        if isinstance(text, str) and (found := pattern.findall(text)):
-            return sum(int(n) for n in found)
-    return 0
-
-
-def parse_squeue(doc: Mapping[str, Any], job_name: str) -> list[SiteJob]:
-    """Pilot jobs (by job name) out of `squeue --json` output; finished ones dropped."""
-    jobs = []
-    for job in doc.get("jobs", []):
-        if job.get("name") != job_name:
-            continue
-        raw = _state(job)
-        if raw in STATE_TABLE:
-            state = STATE_TABLE[raw]
-        else:
-            # Never guess "gone": count it as capacity that has not started.
-            log.error("unknown SLURM job state %r of job %s: counted as pending", raw,
-                      job.get("job_id"))
-            state = SiteJobState.PENDING
-        if state is None:
-            continue
-        reason = str(job.get("state_reason") or "")
-        limited = reason if (state is SiteJobState.PENDING
-                             and reason in JOB_LIMIT_REASONS) else ""
-        cpus = int(_number(job.get("cpus")) or 0)
-        mem = _number(job.get("memory_per_node"))
-        if mem is None:
-            per_cpu = _number(job.get("memory_per_cpu")) or 0
-            mem = per_cpu * max(cpus, 1)
-        started = _number(job.get("start_time")) if state != SiteJobState.PENDING else None
-        ends = _number(job.get("end_time")) if state != SiteJobState.PENDING else None
-        jobs.append(SiteJob(
-            job_id=str(job.get("job_id")),
-            state=state,
-            cpus=cpus,
-            memory_mb=int(mem),
-            submitted_at=_number(job.get("submit_time")) or 0.0,
-            started_at=started or None,
-            ends_at=ends or None,
-            gpus=_gpus(job),
-            limit_reason=limited,
-        ))
-    return jobs
 
 
 def split_head_output(stdout: str, paths: Sequence[str]) -> dict[str, str]:
@@ -210,46 +64,7 @@ def split_head_output(stdout: str, paths: Sequence[str]) -> dict[str, str]:
 
 def _classify(action: str, result: CommandResult) -> Exception:
     text = (result.stderr or result.stdout).strip()
-    message = f"{action} failed (exit {result.returncode}): {text}"
-    if _UNREACHABLE.search(text):
-        return Unreachable(message)
-    if _TRANSIENT.search(text):
-        return Transient(message)
-    return Rejected(message)
-
-
-def slurm_words(text: str) -> str:
-    """SLURM's own message out of sbatch's stderr: its "error:" lines, prefixes dropped
-    ("sbatch: error: Batch job submission failed: X" -> "X")."""
-    words = []
-    for line in text.splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        line = re.sub(r"^sbatch: (error: )?", "", line)
-        line = line.removeprefix("Batch job submission failed: ")
-        words.append(line)
-    return "; ".join(words)
-
-
-def classify_sbatch(site: str, text: str, returncode: int = 1) -> BackendError:
-    """A failed sbatch, from SLURM's own messages: AtLimit (an account's submit limit),
-    Misconfigured (account, partition, QOS, time limit, shape refused), Unreachable,
-    Transient (busy, timed out, rate limited) or, for anything else, Rejected."""
-    said = slurm_words(text) or f"exit {returncode}, no message"
-    if _SUBMIT_LIMIT.search(text):
-        named = _REASON_WORD.search(text)
-        reason = named.group(1) if named else "submit limit"
-        return AtLimit(f"sbatch at {site} refused: {said}", reason=reason)
-    for pattern, name in CONFIG_ERRORS:
-        if pattern.search(text):
-            return Misconfigured(f"sbatch at {site} refused its {name}: {said}",
-                                 field=name, slurm_message=said)
-    if _UNREACHABLE.search(text):
-        return Unreachable(f"sbatch at {site} failed: {said}")
-    if _TRANSIENT.search(text):
-        return Transient(f"sbatch at {site} failed: {said}")
-    return Rejected(f"sbatch at {site} refused: {said}")
+    return classify_failure(f"{action} failed (exit {result.returncode}): {text}", text)
 
 
 @dataclass
@@ -345,7 +160,7 @@ class SlurmCliBackend:
             raise Rejected(f"not a SLURM job id: {job_id!r}")
         result = self.executor.run(["scancel", *options, job_id], self._env())
         text = result.stderr + result.stdout
-        if _UNKNOWN_JOB.search(text):
+        if UNKNOWN_JOB.search(text):
             log.info("scancel %s at %s: already gone", job_id, self.name)
         elif result.returncode != 0:
             raise _classify(f"scancel {job_id} at {self.name}", result)

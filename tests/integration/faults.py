@@ -13,7 +13,7 @@ says what happened.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import htcondor2 as htcondor
@@ -45,12 +45,13 @@ def caps_of(config: Path) -> dict[str, int]:
 
 
 @contextlib.contextmanager
-def running_service() -> Iterator[Service]:
-    """A service on the testbed's configuration in a clean pool (cleaned again after
-    it, its log printed); started by the test."""
+def running_service(edit: Callable[[dict], None] | None = None  # type: ignore[type-arg]
+                    ) -> Iterator[Service]:
+    """A service on the testbed's configuration (`edit` may change it) in a clean pool
+    (cleaned again after it, its log printed); started by the test."""
     clean_pool()
     directory = service_dir()
-    svc = Service(write_config(directory), directory / "service.log")
+    svc = Service(write_config(directory, edit), directory / "service.log")
     try:
         yield svc
     finally:

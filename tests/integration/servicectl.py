@@ -40,6 +40,19 @@ def sbatch_hook(body: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def submissions_busy(site: str) -> Iterator[None]:
+    """While the block runs, the site's controller refuses every job as busy
+    ("Resource temporarily unavailable", its job_submit.lua): over sbatch and over
+    slurmrestd alike."""
+    switch = Path(f"/etc/slurm-{site}/submit-busy")
+    switch.touch()
+    try:
+        yield
+    finally:
+        switch.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
 def workers_drained() -> Iterator[None]:
     """Every worker node drained: pilots submitted meanwhile stay pending."""
     for site in SITES:

@@ -77,26 +77,63 @@ def test_unreachable_collector_is_unknown_not_empty(tmp_path: Path, one_idle_job
         assert {p.key for p in pending} <= cancelled, empty.plan.actions  # type: ignore[attr-defined]
 
 
-def test_unreachable_slurmctld_skips_that_site_only(tmp_path: Path, one_idle_job: str,
-                                                    caplog: pytest.LogCaptureFixture) -> None:
-    conf = Path("/etc/slurm-frankfurt/slurm.conf").read_text()
+def _dead_slurmctld() -> dict[str, object]:
+    """gsi (SSH) with a SLURM configuration whose controller port nobody listens on."""
+    conf = Path("/etc/slurm-gsi/slurm.conf").read_text()
     # squeue runs as the pilot account: the configuration must be readable by it.
     dead = Path(tempfile.mkdtemp(prefix="slurm-dead.", dir="/home/pilot"))
     dead.chmod(0o755)
-    (dead / "slurm.conf").write_text(conf.replace("SlurmctldPort=6917", "SlurmctldPort=6999"))
+    (dead / "slurm.conf").write_text(conf.replace("SlurmctldPort=6817", "SlurmctldPort=6999"))
     (dead / "cgroup.conf").write_text("CgroupPlugin=disabled\n")
-    # Both sites could take the job; frankfurt is preferred but unreachable.
-    path = config_with(tmp_path, site_edit={"frankfurt": {"slurm_conf": str(dead / "slurm.conf"),
-                                                          "weight": 5.0}})
+    return {"slurm_conf": str(dead / "slurm.conf")}
+
+
+def _readable_token(tmp_path: Path) -> dict[str, object]:
+    """frankfurt's JWT in a file others may read."""
+    token = tmp_path / "frankfurt.jwt"
+    token.write_text(Path("/etc/provisioner/tokens.d/frankfurt.jwt").read_text())
+    token.chmod(0o644)
+    rest = service_config().site("frankfurt").rest.model_dump()  # type: ignore[union-attr]
+    return {"rest": {**rest, "token_file": str(token)}}
+
+
+def _not_slurmrestd(tmp_path: Path) -> dict[str, object]:
+    """frankfurt's URL pointing at another HTTP server (Prometheus on cm)."""
+    rest = service_config().site("frankfurt").rest.model_dump()  # type: ignore[union-attr]
+    return {"rest": {**rest, "url": "http://127.0.0.1:9090"}}
+
+
+#: A site that cannot be read, per backend: (site, its edit, the words its error has).
+UNREADABLE = {
+    "ssh: slurmctld unreachable": ("gsi", lambda tmp: _dead_slurmctld(),
+                                   "Unable to contact slurm controller"),
+    "rest: token readable by others": ("frankfurt", _readable_token,
+                                       "sites[frankfurt].rest.token_file"),
+    "rest: URL not slurmrestd": ("frankfurt", _not_slurmrestd,
+                                 "sites[frankfurt].rest.url http://127.0.0.1:9090: GET "
+                                 "/openapi/v3 answered HTTP 404: is this slurmrestd?"),
+}
+
+
+@pytest.mark.parametrize("case", list(UNREADABLE))
+def test_a_site_that_cannot_be_read_is_skipped_alone(
+        tmp_path: Path, one_idle_job: str, caplog: pytest.LogCaptureFixture,
+        case: str) -> None:
+    """The site is unknown that cycle, its error names what is wrong (no traceback),
+    and the demand goes to the other site."""
+    site, edit, words = UNREADABLE[case]
+    other = next(s for s in ("gsi", "frankfurt") if s != site)
+    # Both sites could take the job; the unreadable one is preferred.
+    path = config_with(tmp_path, site_edit={site: {**edit(tmp_path), "weight": 5.0}})
     prov = Provisioner(parse_config(path.read_text(), str(path)))
     cycle = prov.run_cycle("test", dry_run=True)
     views = {v.name: v for v in cycle.observation.snapshot.sites}
-    assert views["gsi"].known and not views["frankfurt"].known
-    assert "Unable to contact slurm controller" in views["frankfurt"].error
-    assert "site frankfurt unknown this cycle" in caplog.text
+    assert views[other].known and not views[site].known
+    assert words in views[site].error, views[site].error
+    assert f"site {site} unknown this cycle" in caplog.text
+    assert "Traceback" not in caplog.text
     sites_acted = {getattr(a, "site", None) or a.pilot.site for a in cycle.plan.actions}
-    assert "frankfurt" not in sites_acted
-    assert sites_acted == {"gsi"}  # the demand moves to the reachable site
+    assert sites_acted == {other}  # the demand moves to the readable site
 
 
 def test_check_config_names_file_field_and_value(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -53,12 +54,13 @@ def service() -> Iterator[Service]:
         yield svc
 
 
-#: While this directory exists, Frankfurt's second sbatch waits (the service is then in
-#: the middle of acting: one pilot submitted, the cycle not yet recorded) and then fails.
-#: World-writable: sbatch runs as the sites' pilot account.
+#: While this directory exists, gsi's second sbatch waits (the service is then in the
+#: middle of acting: one pilot submitted, the cycle not yet recorded) and then fails.
+#: World-writable: sbatch runs as the sites' pilot account. (gsi: the site reached
+#: through sbatch over SSH, where a hook can hold a submission.)
 HOLD = Path("/run/test-hold-sbatch")
-HOOK_SCRIPT = f"""# test_faults: Frankfurt's second sbatch waits while {HOLD} exists, then fails.
-if [ -d {HOLD} ] && [ "$SLURM_CONF" = /etc/slurm-frankfurt/slurm.conf ]; then
+HOOK_SCRIPT = f"""# test_faults: gsi's second sbatch waits while {HOLD} exists, then fails.
+if [ -d {HOLD} ] && [ "$SLURM_CONF" = /etc/slurm-gsi/slurm.conf ]; then
     echo sbatch >>{HOLD}/calls
     if [ "$(wc -l <{HOLD}/calls)" -ge 2 ]; then
         touch {HOLD}/reached
@@ -70,9 +72,9 @@ fi"""
 
 
 @contextlib.contextmanager
-def held_second_sbatch_at_frankfurt() -> Iterator[Path]:
-    """Frankfurt's second sbatch blocks until the block ends; yields the file that
-    appears once it blocks."""
+def held_second_sbatch_at_gsi() -> Iterator[Path]:
+    """gsi's second sbatch blocks until the block ends; yields the file that appears
+    once it blocks."""
     shutil.rmtree(HOLD, ignore_errors=True)
     HOLD.mkdir()
     HOLD.chmod(0o1777)
@@ -83,22 +85,35 @@ def held_second_sbatch_at_frankfurt() -> Iterator[Path]:
         shutil.rmtree(HOLD, ignore_errors=True)
 
 
-def test_kill_9_mid_cycle_then_restart_rebuilds_from_the_sites(service: Service) -> None:
-    # One Frankfurt node drained: a second Frankfurt pilot stays pending.
-    slurm("frankfurt", ["scontrol", "update", "nodename=fra-n2", "state=drain",
-                        "reason=fault-test"])
+def _two_gsi_pilots(data: dict) -> None:  # type: ignore[type-arg]
+    """gsi may hold two pilots, submitted in one cycle."""
+    for s in data["sites"]:
+        if s["name"] == "gsi":
+            s["caps"] = {"max_pilots": 2, "max_pending": 2, "max_submit_per_cycle": 2}
+
+
+def test_kill_9_mid_cycle_then_restart_rebuilds_from_the_sites() -> None:
+    with running_service(_two_gsi_pilots) as service:
+        _kill_9_mid_cycle(service)
+
+
+def _kill_9_mid_cycle(service: Service) -> None:
+    # One gsi node drained: a second gsi pilot stays pending.
+    slurm("gsi", ["scontrol", "update", "nodename=gsi-n2", "state=drain",
+                  "reason=fault-test"])
     try:
-        # 12 one-core jobs: gsi (cap 1) and Frankfurt take 4 each, a third pilot waits.
-        # They run until the test has seen what it waits for (then their gates open).
+        # 12 one-core jobs: gsi and Frankfurt (cap 2 each) take 4 a pilot, a second gsi
+        # pilot waits. They run until the test has seen what it waits for (then their
+        # gates open).
         cluster = submit_gated("kill9", 12)
         with SiteWatch() as watch:
-            with held_second_sbatch_at_frankfurt() as reached:
+            with held_second_sbatch_at_gsi() as reached:
                 service.start()
-                wait_for("the service held in its second sbatch at frankfurt",
+                wait_for("the service held in its second sbatch at gsi",
                          reached.exists, 90, step=0.2)
-                # In the middle of acting: one Frankfurt pilot is in SLURM, but the
-                # cycle has recorded nothing (its line comes after the act).
-                [mid_act] = pilot_ids("frankfurt")
+                # In the middle of acting: one gsi pilot is in SLURM, but the cycle has
+                # recorded nothing (its line comes after the act).
+                [mid_act] = pilot_ids("gsi")
                 assert service.cycles() == [], service.text()
                 service.kill9()
             service.start()
@@ -110,10 +125,10 @@ def test_kill_9_mid_cycle_then_restart_rebuilds_from_the_sites(service: Service)
             wait_for("pilots pending and busy", pending_and_busy, 120, step=1)
             # The restarted service found the pilot the killed one had submitted
             # unrecorded, and did not submit it again.
-            assert mid_act in watch.checked().seen["frankfurt"], watch.story()
-            assert len(watch.seen["frankfurt"]) == 2, (watch.story(), service.text())
+            assert mid_act in watch.checked().seen["gsi"], watch.story()
+            assert len(watch.seen["gsi"]) == 2, (watch.story(), service.text())
             before = {s: set(pilot_ids(s)) for s in SITES}
-            assert before["frankfurt"] == watch.seen["frankfurt"], watch.story()
+            assert before["gsi"] == watch.seen["gsi"], watch.story()
             # Killed again between cycles, with pilots pending and busy: the next
             # service has every pilot it needs and submits none (two of its cycles
             # with the jobs still running, then the jobs end).
@@ -128,7 +143,7 @@ def test_kill_9_mid_cycle_then_restart_rebuilds_from_the_sites(service: Service)
                 watch.story(), service.text())
         assert_completed("kill9", 12)
     finally:
-        slurm("frankfurt", ["scontrol", "update", "nodename=fra-n2", "state=resume"])
+        slurm("gsi", ["scontrol", "update", "nodename=gsi-n2", "state=resume"])
     assert_converged(service, watch)
     assert "Traceback" not in service.text()
 
@@ -269,30 +284,99 @@ def _slurmctld(site: str, start: bool) -> None:
             site, ["sinfo", "-h"], check=False, timeout=30).returncode != 0, 60)
 
 
-def test_site_controller_down_for_several_cycles(service: Service) -> None:
-    first = submit_gated("ctld-first", 4)
+#: What reading each site goes through, stopped in the test below: gsi's controller
+#: (sbatch and squeue over SSH), frankfurt's slurmrestd (its controller stays up).
+ENTRY = {"gsi": "slurmctld", "frankfurt": "slurmrestd"}
+SLURMRESTD = "/src/deploy/testbed/inside/slurmrestd-ctl"
+
+
+def _entry(site: str, start: bool) -> None:
+    if ENTRY[site] == "slurmctld":
+        _slurmctld(site, start)
+        return
+    run([SLURMRESTD, "start" if start else "stop"])
+    # up: its port accepts a connection from the service's host
+    wait_for(f"slurmrestd {'up' if start else 'down'}", lambda: (subprocess.run(
+        ["/src/deploy/testbed/inside/on", "cm", "--", "python3", "-c",
+         "import socket; socket.create_connection(('fra-login', 6820), timeout=5)"],
+        capture_output=True, check=False).returncode == 0) == start, 60)
+
+
+def _site_part(cycle: str, site: str) -> str:
+    """What a cycle line says of `site` (up to the next "; ")."""
+    return cycle.split(f"{site}: ", 1)[1].split("; ", 1)[0] if f"{site}: " in cycle else ""
+
+
+@pytest.mark.parametrize("site", ["gsi", "frankfurt"],
+                         ids=["ssh-gsi-slurmctld", "rest-frankfurt-slurmrestd"])
+def test_site_controller_down_for_several_cycles(service: Service, site: str) -> None:
+    """The way into a site stopped (gsi: its controller; frankfurt: its slurmrestd):
+    the site is UNKNOWN, never empty, for as long as it is down: nothing is done
+    there, its pilots run on, and the other site is served."""
+    other = next(s for s in SITES if s != site)
+    first = submit_gated("ctld-first", 6)  # more than gsi (cap 1 pilot of 4 cores) takes
     with SiteWatch() as watch:
         service.start()
-        wait_for("a busy pilot at gsi", lambda: "gsi: 1 busy" in "".join(service.cycles()[-1:]),
-                 120)
-        _slurmctld("gsi", start=False)
+        wait_for(f"a busy pilot at {site}",
+                 lambda: "busy" in _site_part("".join(service.cycles()[-1:]), site), 120)
+        running = set(pilot_ids(site))
+        _entry(site, start=False)
         try:
             second = submit_gated("ctld-second", 4)
-            wait_for("three cycles with gsi unknown",
-                     lambda: sum("gsi: UNKNOWN" in c for c in service.cycles()) >= 3, 120)
-            unknown = [c for c in service.cycles() if "gsi: UNKNOWN" in c]
-            # Nothing is done at gsi while it is unknown; Frankfurt is served.
+            wait_for(f"three cycles with {site} unknown",
+                     lambda: sum(f"{site}: UNKNOWN" in c for c in service.cycles()) >= 3, 120)
+            unknown = [c for c in service.cycles() if f"{site}: UNKNOWN" in c]
+            # Nothing is done at the site while it is unknown; the other is served.
             for line in unknown:
-                assert "at gsi" not in line.split("actions:")[1]
-                assert "gsi/" not in line.split("actions:")[1]
-            assert "site gsi unknown" in service.text()
+                assert f"at {site}" not in line.split("actions:")[1]
+                assert f"{site}/" not in line.split("actions:")[1]
+                assert f"{other}: UNKNOWN" not in line, line
+            assert f"site {site} unknown" in service.text()
+            if ENTRY[site] == "slurmrestd":  # its controller, still up, says so:
+                # unknown, not empty: the pilots it had run on
+                assert running <= set(pilot_ids(site)), (running, pilot_ids(site))
         finally:
-            _slurmctld("gsi", start=True)
+            _entry(site, start=True)
         wait_for("all jobs done", lambda: gated_jobs_left(first) + jobs_left(second) == 0,
                  300, step=2)
         assert_converged(service, watch)
-    assert_completed("ctld-first", 4)
+    assert_completed("ctld-first", 6)
     assert_completed("ctld-second", 4)
+
+
+FRANKFURT_JWT = Path("/etc/provisioner/tokens.d/frankfurt.jwt")
+MINT_JWT = "/src/deploy/testbed/inside/mint-jwt"
+
+
+def test_an_expired_token_is_named_and_the_other_site_goes_on(service: Service) -> None:
+    """frankfurt's JWT expires (a token of 1 s in place of the service's): frankfurt is
+    unknown, the log names the token file and its expiry; gsi goes on provisioning; a
+    fresh token and frankfurt is read again."""
+    saved = FRANKFURT_JWT.read_bytes()
+    try:
+        service.start()
+        wait_for("a cycle with both sites known", lambda: service.cycles() and not any(
+            "UNKNOWN" in c for c in service.cycles()[-1:]), 60)
+        run([MINT_JWT, "1", str(FRANKFURT_JWT)])
+        mark = len(service.cycles())
+        cluster = submit_gated("expired", 2)
+        lines = wait_for("two cycles with frankfurt unknown", lambda: _cycles_after(
+            service, mark, "frankfurt: UNKNOWN", 2), 90)
+        for line in lines:
+            assert "gsi: UNKNOWN" not in line, line
+        assert re.search(r"site frankfurt unknown this cycle .*sites\[frankfurt\]\.rest\."
+                         r"token_file /etc/provisioner/tokens\.d/frankfurt\.jwt: the token "
+                         r"expired at",
+                         service.text()), service.text()
+        wait_for("gsi serves the jobs", lambda: "busy" in _site_part(
+            "".join(service.cycles()[-1:]), "gsi"), 120)
+    finally:
+        FRANKFURT_JWT.write_bytes(saved)
+    mark = len(service.cycles())
+    wait_for("frankfurt read again", lambda: any(
+        "frankfurt: UNKNOWN" not in c for c in service.cycles()[mark:]), 120)
+    wait_for("all jobs done", lambda: gated_jobs_left(cluster) == 0, 300, step=2)
+    assert_completed("expired", 2)
 
 
 def _login_unreachable(site: str, cut: bool) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import htcondor2 as htcondor
 from conftest import slurm
-from servicectl import sbatch_hook
+from servicectl import submissions_busy
 from test_loop import (  # noqa: F401 (clean, service: fixtures)
     ALICE,
     GATE_SECONDS,
@@ -70,16 +70,15 @@ def test_while_gpu_jobs_wait_no_cpu_only_job_starts_on_a_gpu_pilot(
         service: Path) -> None:  # noqa: F811
     """CPU-only jobs first in the queue, then GPU jobs: the GPU pilot is sized to the GPU
     jobs (1 core + 1 GPU each) and keeps those cores for them (its START). Frankfurt's
-    sbatch fails (busy, a test hook) until the GPU pilot has started two jobs, so when it
-    joins the CPU-only jobs wait before the GPU jobs with nowhere else to go: it must
+    submissions fail (busy: its job_submit.lua, a test switch) until the GPU pilot has
+    started two jobs, so when it joins the CPU-only jobs wait before the GPU jobs with
+    nowhere else to go: it must
     still start the GPU jobs and no CPU-only job. Then every job completes, the GPU jobs
     with their GPU. With the START clause switched off (pilot.conf's GPU block,
     ``PILOT_GPU_START = True``) the pilot takes two CPU-only jobs and this test fails
     (checked)."""
     attrs = "job_machine_attrs = RoomForCPUOnlyJobs PilotSlurmJobId\n"
-    busy = ('[ "$SLURM_CONF" = /etc/slurm-frankfurt/slurm.conf ] && '
-            '{ echo "sbatch: error: Slurm temporarily unavailable (test)" >&2; exit 1; }')
-    with sbatch_hook(busy):
+    with submissions_busy("frankfurt"):
         cpu = submit_script("cpuonly", f"sleep {GATE_SECONDS}; echo job-$1-ok\n", 4,
                             extra=attrs)
         gpu = submit_script("gpujobs", SCRIPT, 2, extra="request_gpus = 1\n" + attrs)

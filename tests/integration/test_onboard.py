@@ -8,6 +8,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -22,8 +23,12 @@ from test_loop import clean_pool, jobs_left, submit, wait_for
 PYTHON = "/opt/venv/bin/python"
 SSH = "/etc/provisioner/ssh"
 TOKEN = "/etc/provisioner/tokens.d/provisioner"
-DISCOVER = {"gsi": ["--slurm-conf", "/etc/slurm-gsi/slurm.conf"],
-            "frankfurt": ["--slurm-conf", "/etc/slurm-frankfurt/slurm.conf",
+JWT = "/etc/provisioner/tokens.d/frankfurt.jwt"
+#: How each site is reached: gsi over SSH, frankfurt only through its slurmrestd.
+DISCOVER = {"gsi": ["--host", LOGIN["gsi"], "--key-file", f"{SSH}/id_ed25519",
+                    "--known-hosts", f"{SSH}/known_hosts",
+                    "--slurm-conf", "/etc/slurm-gsi/slurm.conf"],
+            "frankfurt": ["--rest-url", "http://fra-login:6820", "--token-file", JWT,
                           "--account", "hpc-physics"]}
 CM = "10.10.0.10"
 
@@ -55,10 +60,9 @@ def provisioner(wheel: Path, *argv: str, check: bool = False, timeout: float = 9
 
 
 def discover(wheel: Path, site: str) -> dict:
-    out = provisioner(wheel, "site", "discover", "--host", LOGIN[site], "--user", "pilot",
-                      "--key-file", f"{SSH}/id_ed25519", "--known-hosts",
-                      f"{SSH}/known_hosts", "--image", "/opt/images/pilot.sif",
-                      "--name", site, *DISCOVER[site], check=True, timeout=120).stdout
+    out = provisioner(wheel, "site", "discover", "--user", "pilot",
+                      "--image", "/opt/images/pilot.sif", "--name", site, *DISCOVER[site],
+                      check=True, timeout=120).stdout
     (block,) = yaml.safe_load(out)["sites"]
     return block
 
@@ -74,7 +78,7 @@ def onboarded(wheel: Path) -> Path:
     report = provisioner(wheel, "init", "--dir", str(etc), check=True).stdout
     assert "condor_token_create -identity provisioner@DOMAIN" in report
     for src, dest in ((TOKEN, "tokens.d/provisioner"), (f"{SSH}/id_ed25519", "ssh/id_ed25519"),
-                      (f"{SSH}/known_hosts", "ssh/known_hosts")):
+                      (f"{SSH}/known_hosts", "ssh/known_hosts"), (JWT, "tokens.d/frankfurt.jwt")):
         shutil.copy(src, etc / dest)  # stands in for the commands init printed
         run(["chown", f"{SERVICE_USER}:", str(etc / dest)])
         (etc / dest).chmod(0o600)
@@ -88,9 +92,12 @@ def onboarded(wheel: Path) -> Path:
             blocks["gsi"]["pilot"]["gpus"]) == (28800, 4, 2)
     assert (blocks["frankfurt"]["max_walltime_s"], blocks["frankfurt"]["pilot"]["min_cpus"],
             blocks["frankfurt"]["template"]) == (172800, 4, "frankfurt.sh.j2")
+    assert blocks["frankfurt"]["backend"] == "slurm-rest", blocks["frankfurt"]
+    assert "executor" not in blocks["frankfurt"]
+    blocks["gsi"]["executor"]["key_file"] = str(etc / "ssh/id_ed25519")
+    blocks["gsi"]["executor"]["known_hosts"] = str(etc / "ssh/known_hosts")
+    blocks["frankfurt"]["rest"]["token_file"] = str(etc / "tokens.d/frankfurt.jwt")
     for site, block in blocks.items():
-        block["executor"]["key_file"] = str(etc / "ssh/id_ed25519")
-        block["executor"]["known_hosts"] = str(etc / "ssh/known_hosts")
         block["runtime"] = {"start_delay_max_s": 2, "noclaim_shutdown_s": 600,
                             "log_dir": "/var/log/pilots", "bind": ["/opt/images"]}
         block["caps"] = {"max_pilots": 1, "max_pending": 1, "max_submit_per_cycle": 1}
@@ -169,14 +176,46 @@ def _unknown_host_key(wheel: Path) -> Callable[[dict], None]:
     return lambda d: d["sites"][0]["executor"].update(known_hosts=str(known))
 
 
+def _token(wheel: Path, name: str, user: str, lifespan: int) -> Callable[[dict], None]:
+    """A token of `user` for `lifespan` s (minted at the site) in the configuration."""
+    path = wheel / "etc/tokens.d" / name
+    minted = slurm("frankfurt", ["scontrol", "token", f"username={user}",
+                                 f"lifespan={lifespan}"]).stdout.strip()
+    path.write_text(minted.removeprefix("SLURM_JWT=") + "\n")
+    run(["chown", f"{SERVICE_USER}:", str(path)])
+    path.chmod(0o600)
+    return lambda d: d["sites"][1]["rest"].update(token_file=str(path))
+
+
+def _expired_token(wheel: Path) -> Callable[[dict], None]:
+    edit = _token(wheel, "expired.jwt", "pilot", 1)
+    time.sleep(1.5)
+    return edit
+
+
+def _foreign_token(wheel: Path) -> Callable[[dict], None]:
+    """alice's token presented as the pilot account's: slurmrestd refuses it."""
+    return _token(wheel, "alice.jwt", "alice", 600)
+
+
 FAULTS: dict[str, tuple[Callable[[Path], Callable[[dict], None]], list[str], str, str]] = {
     # name: (config edit, site check argv, failing row, field or host named)
     "wrong key": (_other_key, ["gsi", "--no-probe"], "✗ key accepted",
                   "sites[0].executor.key_file"),
     "unknown host key": (_unknown_host_key, ["gsi", "--no-probe"], "✗ host key known",
                          "sites[0].executor.known_hosts"),
-    "image missing": (lambda w: lambda d: d["sites"][1].update(image="/opt/images/none.sif"),
-                      ["--no-probe"], "✗ image on the login node", "sites[1].image"),
+    "image missing": (lambda w: lambda d: d["sites"][0].update(image="/opt/images/none.sif"),
+                      ["--no-probe"], "✗ image on the login node", "sites[0].image"),
+    "not slurmrestd": (lambda w: lambda d: d["sites"][1]["rest"].update(
+        url="http://cm:9618"), ["frankfurt", "--no-probe"], "✗ slurmrestd answers",
+        "sites[1].rest.url"),
+    "token expired": (_expired_token, ["frankfurt", "--no-probe"], "✗ JWT token file",
+                      "sites[1].rest.token_file"),
+    "token refused": (_foreign_token, ["frankfurt", "--no-probe"], "✗ token accepted",
+                      "sites[1].rest.token_file"),
+    "API version not spoken": (lambda w: lambda d: d["sites"][1]["rest"].update(
+        api_version="v0.0.39"), ["frankfurt", "--no-probe"], "✗ slurmrestd answers",
+        "api_version v0.0.39 is not spoken by both"),
     "time limit below walltime": (lambda w: lambda d: d["sites"][0].update(partition="debug"),
                                   ["gsi", "--no-probe"], "✗ MaxTime >= pilot walltime",
                                   "sites[0].pilot.walltime_s"),
@@ -232,7 +271,7 @@ def test_site_check_names_each_fault(wheel: Path, config: Path, fault: str) -> N
     assert failing, out.stdout
     assert field in out.stdout
     if fault == "image missing":
-        assert "Site gsi: all checks passed" in out.stdout
+        assert "Site frankfurt: all checks passed" in out.stdout
     if blocked:
         assert "✗ worker connects to the collector" in out.stdout
     assert probes_left() == ([], [])

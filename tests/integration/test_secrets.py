@@ -1,6 +1,6 @@
 """No secret in argv, logs, batch scripts or the journal, on any host, while the
-service provisions for real: the pool tokens and the provisioner's SSH key are
-only ever passed by file path."""
+service provisions for real: the pool tokens, the provisioner's SSH key and
+frankfurt's JWT (sent to slurmrestd in a header) are only ever passed by file path."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from servicectl import Service, pilot_ids, service_dir, write_config
 from test_loop import clean_pool, jobs_left, submit, wait_for
 
 SECRET_FILES = ("/etc/provisioner/tokens.d/provisioner", "/etc/provisioner/pilot.token",
-                "/etc/condor/tokens.d/condor", "/etc/provisioner/ssh/id_ed25519")
+                "/etc/condor/tokens.d/condor", "/etc/provisioner/ssh/id_ed25519",
+                "/etc/provisioner/tokens.d/frankfurt.jwt")
 
 
 def secrets() -> dict[str, list[str]]:

@@ -107,11 +107,18 @@ def test_workers_refuse_outside_connections_yet_jobs_run_through_ccb(
     assert not _connects("cm", addr, port)
 
 
-def test_only_ssh_reaches_a_login_node_from_outside() -> None:
+#: What of a login node the service's host reaches: gsi's SSH, frankfurt's slurmrestd
+#: (no SSH route there); never a controller.
+LOGIN_OPEN = {"gsi": 22, "frankfurt": 6820}
+LOGIN_CLOSED = {"gsi": (6817,), "frankfurt": (22, 6917)}
+
+
+def test_only_the_way_in_reaches_a_login_node_from_outside() -> None:
     for site in SITES:
         login_addr = HOSTS[LOGIN[site]][0]
-        assert _connects("cm", login_addr, 22)
-        assert not _connects("cm", login_addr, 6817 if site == "gsi" else 6917)
+        assert _connects("cm", login_addr, LOGIN_OPEN[site]), site
+        for port in LOGIN_CLOSED[site]:
+            assert not _connects("cm", login_addr, port), (site, port)
 
 
 def _wan_bytes(site_bridge: str) -> int:

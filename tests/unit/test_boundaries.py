@@ -14,7 +14,8 @@ from provisioner.pool.classads import pilot_ads_of, queue_view, startd_of
 from provisioner.pool.pilot_view import idle_ad_keys
 from provisioner.service.loop import merge_pilots, pilot_state
 from provisioner.sites.base import PilotRequest, SiteJob, SiteJobState
-from provisioner.sites.slurm_cli import STATE_TABLE, SlurmCliBackend, parse_squeue
+from provisioner.sites.slurm_cli import SlurmCliBackend
+from provisioner.sites.slurm_jobs import STATE_TABLE, parse_squeue
 
 
 class Ad(dict):  # type: ignore[type-arg]

@@ -22,7 +22,8 @@ from provisioner.pool.prototype import SiteMatcher
 from provisioner.service.loop import merge_pilots
 from provisioner.sites import make_backend
 from provisioner.sites.base import PilotRequest, SiteJob, SiteJobState
-from provisioner.sites.slurm_cli import SlurmCliBackend, parse_squeue
+from provisioner.sites.slurm_cli import SlurmCliBackend
+from provisioner.sites.slurm_jobs import parse_squeue
 from tests.unit.helpers import NOW, config, memory, pilot, site, snap
 
 PILOT_CONF = Path(__file__).resolve().parents[2] / "condor_config" / "pilot.conf"

@@ -32,7 +32,8 @@ from provisioner.service.loop import Provisioner
 from provisioner.service.status import gather, render
 from provisioner.service.submitter import submit_all
 from provisioner.sites.base import SiteJob, SiteJobState
-from provisioner.sites.slurm_cli import classify_sbatch, parse_squeue
+from provisioner.sites.slurm_jobs import parse_squeue
+from provisioner.sites.slurm_refusals import classify_sbatch
 from tests.unit.fakes import Clock, FakePool
 
 from .helpers import NOW, config, memory, pilot, site, snap

@@ -20,10 +20,11 @@ from provisioner.onboard.probe import (
     Probe,
     ProbeScriptError,
     parse_node_lines,
-    parse_squeue_state,
     probe_script,
 )
+from provisioner.onboard.probeio import parse_squeue_state
 from provisioner.onboard.table import as_json, failed, passed, render, site_ok, skipped
+from provisioner.pilot.endrecord import EndRecord
 from provisioner.pilot.script import render_pilot_script
 from provisioner.sites.executor import CommandResult
 from provisioner.sites.slurm_cli import SlurmCliBackend
@@ -72,6 +73,7 @@ class FakeSlurm:
         self.cancelled = False
         self.stdin: str | None = None
         self.node_output = NODE_OUTPUT
+        self.end_records: dict[str, str] = {}
 
     def run(self, argv: Sequence[str], env: Mapping[str, str], stdin: str | None = None
             ) -> CommandResult:
@@ -86,8 +88,14 @@ class FakeSlurm:
             if "--batch" not in argv:
                 self.cancelled = True
             return CommandResult(0, "", "")
+        if argv[0] == "head" and "-v" in argv:  # the end records
+            paths = argv[argv.index("--") + 1:]
+            return CommandResult(0, "".join(f"==> {p} <==\n{self.end_records[p]}"
+                                            for p in paths if p in self.end_records), "")
         if argv[0] == "head":
             return CommandResult(0, self.node_output, "")
+        if argv[0] == "find":  # pruning the end records
+            return CommandResult(0, "", "")
         raise AssertionError(argv)
 
     def close(self) -> None:
@@ -132,6 +140,27 @@ def test_a_probe_whose_startd_never_joins_fails_at_reaches_the_collector() -> No
     assert rows["XRootD cache answers"].ok is True
     assert ["scancel", "42"] in slurm.calls and rows["cleaned up"].ok
     assert not site_ok(rows.values())
+
+
+def test_a_probe_that_fails_before_joining_shows_the_pilots_own_reason() -> None:
+    """The pilot's work directory could not be prepared (a full scratch): the failing
+    row carries its end record and the line of its output that says why."""
+    clock = Clock()
+    slurm = FakeSlurm(clock, lambda t, cancelled: "" if cancelled or t >= 20 else
+                      "RUNNING|None")
+    slurm.node_output = NODE_OUTPUT.replace('"ok": false', '"ok": true') + (
+        "ERROR provisioner.pilot: prepare failed: [Errno 28] No space left on device: "
+        "'/scratch/pilot-42'\nINFO provisioner.pilot: end record written\n")
+    record = EndRecord("42", "frankfurt", "testbed-probe", 1000.0, 1010.0, 1,
+                       "prepare-failed")
+    slurm.end_records["/var/log/pilots/end/frankfurt-42.json"] = record.to_json()
+    rows = {r.name: r for r in probe(slurm, clock, lambda c: []).run()}
+    found = rows["reaches the collector"].found
+    assert rows["reaches the collector"].ok is False
+    assert "its end record: prepare-failed (its work directory or configuration could " \
+           "not be prepared)" in found, found
+    assert "its output: ERROR provisioner.pilot: prepare failed: [Errno 28] No space left " \
+           "on device" in found, found
 
 
 def test_a_probe_whose_node_checks_pass_but_never_joins_waits_out_the_join_limit() -> None:

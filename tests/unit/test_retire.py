@@ -23,12 +23,8 @@ from provisioner.pilot.params import params_from_env
 from provisioner.pilot.procs import starters_below
 from provisioner.pilot.wrapper import PilotRun
 from provisioner.sites.executor import CommandResult
-from provisioner.sites.slurm_cli import (
-    RELEASE_SIGNAL,
-    RETIRE_SIGNAL,
-    UNRETIRE_SIGNAL,
-    SlurmCliBackend,
-)
+from provisioner.sites.slurm_cli import SlurmCliBackend
+from provisioner.sites.slurm_jobs import RELEASE_SIGNAL, RETIRE_SIGNAL, UNRETIRE_SIGNAL
 
 from .helpers import NOW, config, pilot, snap
 

@@ -4,7 +4,7 @@
 # Every check runs on the host a user of that component would run it from.
 # shellcheck shell=bash
 export PATH=/opt/venv/bin:/usr/sbin:/usr/bin:/sbin:/bin
-COMPONENTS="network munge slurm-gsi slurm-frankfurt ssh-gsi ssh-frankfurt condor-collector condor-negotiator condor-schedd condor-schedd-submit2 tokens xrootd-origin xrootd-cache prometheus apptainer"
+COMPONENTS="network munge slurm-gsi slurm-frankfurt ssh-gsi rest-frankfurt condor-collector condor-negotiator condor-schedd condor-schedd-submit2 tokens xrootd-origin xrootd-cache prometheus apptainer"
 ON=/src/deploy/testbed/inside/on
 on() { "$ON" "$@"; }
 
@@ -33,7 +33,16 @@ check_ssh() {  # login host: the provisioner reaches the pilot account with stri
         "pilot@$1" true 2>&1 || return 1
 }
 check_ssh-gsi() { check_ssh gsi-login; }
-check_ssh-frankfurt() { check_ssh fra-login; }
+# frankfurt's slurmrestd answers the provisioner's JWT (and only over HTTP: no SSH).
+check_rest-frankfurt() {
+    [ -s /etc/provisioner/tokens.d/frankfurt.jwt ] || { echo "no JWT yet"; return 1; }
+    timeout 10 "$ON" cm -u provisioner -- python3 -c 'import sys, urllib.request
+token = open("/etc/provisioner/tokens.d/frankfurt.jwt").read().strip()
+req = urllib.request.Request("http://fra-login:6820/openapi/v3",
+    headers={"X-SLURM-USER-NAME": "pilot", "X-SLURM-USER-TOKEN": token})
+sys.exit(0 if urllib.request.urlopen(req, timeout=5).status == 200 else 1)' 2>&1 | tail -n 1
+    return "${PIPESTATUS[0]}"
+}
 
 check_daemon_ad() {  # condor_status flag
     local out

@@ -26,10 +26,19 @@ for c in gsi frankfurt; do
     install -m 0644 "$etc/slurm-$c.conf" "/etc/slurm-$c/slurm.conf"
     install -m 0644 "$etc/cgroup.conf" "/etc/slurm-$c/cgroup.conf"
     if [ -f "$etc/gres-$c.conf" ]; then install -m 0644 "$etc/gres-$c.conf" "/etc/slurm-$c/gres.conf"; fi
-    # an account submit limit, opt-in per test (job_submit-gsi.lua says how)
-    if [ -f "$etc/job_submit-$c.lua" ]; then install -m 0644 "$etc/job_submit-$c.lua" "/etc/slurm-$c/job_submit.lua"; fi
+    # an account submit limit, opt-in per test (job_submit.lua says how)
+    sed "s|/etc/slurm-CLUSTER/|/etc/slurm-$c/|" "$etc/job_submit.lua" >"/etc/slurm-$c/job_submit.lua"
+    chmod 0644 "/etc/slurm-$c/job_submit.lua"
     install -d -o slurm -g slurm "/var/lib/slurm/$c"
 done
+# frankfurt's JWT signing key (slurm-frankfurt.conf AuthAltParameters): the
+# controller's alone. slurmrestd runs as an account of its own (it refuses root
+# and SlurmUser) and needs no key: it passes each client's token on.
+key=/var/lib/slurm/frankfurt/jwt_hs256.key
+[ -s "$key" ] || (umask 077 && head -c 32 /dev/urandom >"$key")
+chown slurm:slurm "$key"
+chmod 0600 "$key"
+id slurmrestd >/dev/null 2>&1 || useradd -r -M -d /nonexistent -s /usr/sbin/nologin slurmrestd
 # Plain `sinfo` talks to gsi; SLURM_CONF selects the other cluster.
 rm -rf /etc/slurm && ln -s /etc/slurm-gsi /etc/slurm
 

@@ -1,7 +1,8 @@
 #!/bin/bash
 # nftables inside each host's namespace. Worker nodes, caches and login nodes
-# accept connections from their own site only (login nodes also SSH from
-# anywhere); the central manager is public. Replies to outbound connections
+# accept connections from their own site only (gsi's login node also SSH from
+# anywhere, frankfurt's slurmrestd instead: the provisioner has no SSH route
+# there); the central manager is public. Replies to outbound connections
 # are always accepted, so a worker reaches the collector and CCB.
 #   firewall.sh [HOST]   (all hosts if none given)
 set -euo pipefail
@@ -14,6 +15,7 @@ while read -r host _ site role; do
     [ "$site" = public ] && continue
     extra=""
     case "$role" in login*) extra="tcp dport 22 accept" ;; esac
+    case "$host" in fra-login) extra="tcp dport 6820 accept" ;; esac
     case "$host" in gsi-storage) extra="tcp dport 1094 accept" ;; esac
     ip netns exec "$host" nft -f - <<NFT
 table inet testbed

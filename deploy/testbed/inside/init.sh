@@ -16,6 +16,7 @@ stop_all() {
     pkill -TERM -x slurmd
     pkill -TERM -x slurmctld
     pkill -TERM -x sshd
+    pkill -TERM -x slurmrestd
     pkill -TERM -x prometheus
     for _ in $(seq 100); do
         pgrep -x 'condor_master|slurmd|slurmctld|xrootd|cmsd' >/dev/null || break
@@ -44,6 +45,9 @@ for c in $CLUSTERS; do
         on "$n" -- slurmd -f "$conf" -N "$n"
     done
 done
+
+echo "starting slurmrestd on fra-login (JWT; the provisioner reaches frankfurt only so)"
+"$here/inside/slurmrestd-ctl" start
 
 echo "starting sshd on the login nodes"
 for login in $(grep -v '^#' "$here/etc/hosts.tsv" | awk '$4 == "login" {print $1}'); do

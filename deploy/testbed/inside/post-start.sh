@@ -30,6 +30,9 @@ token provisioner@testbed /etc/provisioner/tokens.d/provisioner provisioner READ
 # reads a token only from a file its reader owns.
 install -d -m 0700 /root/.condor/tokens.d
 install -m 0400 /etc/provisioner/tokens.d/provisioner /root/.condor/tokens.d/provisioner
+# frankfurt is reached through slurmrestd only: the pilot account's JWT, for a
+# day (the testbed's life); tests mint shorter ones.
+/src/deploy/testbed/inside/mint-jwt 86400 /etc/provisioner/tokens.d/frankfurt.jwt
 # Pilots: advertise masters/startds and act as execute nodes, nothing else.
 token pilot@testbed /etc/provisioner/pilot.token pilot \
     READ ADVERTISE_MASTER ADVERTISE_STARTD DAEMON

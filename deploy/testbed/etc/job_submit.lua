@@ -1,10 +1,17 @@
---[[ The GSI testbed site's job_submit plugin (installed as /etc/slurm-gsi/job_submit.lua,
-slurm.conf JobSubmitPlugins=lua): an account's submit limit, refused as SLURM words one,
-without slurmdbd. Opt-in: only while /etc/slurm-gsi/job-limit holds a number N (the
-integration test tests/integration/test_limits.py writes and removes it) is a job refused
-whose user already holds N jobs (pending or running). Without the file nothing changes. ]]
+--[[ The testbed clusters' job_submit plugin (installed as /etc/slurm-CLUSTER/job_submit.lua,
+with CLUSTER put in below; slurm.conf JobSubmitPlugins=lua): an account's submit limit,
+refused as SLURM words one, without slurmdbd. Opt-in: only while
+/etc/slurm-CLUSTER/job-limit holds a number N (the integration test
+tests/integration/test_limits.py writes and removes it) is a job refused whose user
+already holds N jobs (pending or running). Without the file nothing changes.
+And while /etc/slurm-CLUSTER/submit-busy exists, every job is refused as a busy
+controller refuses it ("Resource temporarily unavailable"): the same words over
+sbatch and slurmrestd, for tests that need a site's submissions to fail for a while. ]]
 
-local LIMIT_FILE = "/etc/slurm-gsi/job-limit"
+local LIMIT_FILE = "/etc/slurm-CLUSTER/job-limit"
+local BUSY_FILE = "/etc/slurm-CLUSTER/submit-busy"
+-- EAGAIN: slurm_strerror's "Resource temporarily unavailable"
+local BUSY = 11
 -- ESLURM_ACCOUNTING_POLICY: "Job violates accounting/QOS policy (job submit limit, ...)"
 local POLICY = slurm.ESLURM_ACCOUNTING_POLICY or 2050
 
@@ -35,7 +42,19 @@ local function held(user_id)
     return n
 end
 
+local function busy()
+    local f = io.open(BUSY_FILE, "r")
+    if f == nil then return false end
+    f:close()
+    return true
+end
+
 function slurm_job_submit(job_desc, part_list, submit_uid)
+    if busy() then
+        slurm.log_info("job_submit.lua: refused a job as busy (%s)", BUSY_FILE)
+        slurm.log_user("Slurm temporarily unavailable (test)")
+        return BUSY
+    end
     local ok, n = pcall(limit)
     if not ok or n == nil then return slurm.SUCCESS end
     local ok2, jobs = pcall(held, job_desc.user_id)

@@ -1,0 +1,133 @@
+"""SLURM's jobs as both site backends see them: the state table, the signals the
+pilots answer to, and a job list (``squeue --json``, or slurmrestd's ``/jobs``, one
+data_parser format) turned into `SiteJob` records.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from provisioner.sites.base import SiteJob, SiteJobState
+
+log = logging.getLogger(__name__)
+
+#: SLURM job states -> what the provisioner sees; a finished job is not a pilot.
+STATE_TABLE: dict[str, SiteJobState | None] = {
+    "PENDING": SiteJobState.PENDING,
+    "REQUEUED": SiteJobState.PENDING,
+    "REQUEUE_HOLD": SiteJobState.PENDING,
+    "REQUEUE_FED": SiteJobState.PENDING,
+    "RESV_DEL_HOLD": SiteJobState.PENDING,
+    "CONFIGURING": SiteJobState.RUNNING,
+    "RUNNING": SiteJobState.RUNNING,
+    "RESIZING": SiteJobState.RUNNING,
+    "SUSPENDED": SiteJobState.RUNNING,
+    "SIGNALING": SiteJobState.RUNNING,
+    "STAGE_OUT": SiteJobState.ENDING,
+    "COMPLETING": SiteJobState.ENDING,
+    "STOPPED": SiteJobState.ENDING,
+    "COMPLETED": None,
+    "CANCELLED": None,
+    "FAILED": None,
+    "TIMEOUT": None,
+    "NODE_FAIL": None,
+    "PREEMPTED": None,
+    "BOOT_FAIL": None,
+    "DEADLINE": None,
+    "OUT_OF_MEMORY": None,
+    "SPECIAL_EXIT": None,
+    "REVOKED": None,
+}
+
+#: The signal that asks a pilot to leave if idle (see provisioner.pilot.wrapper).
+RELEASE_SIGNAL = "USR1"
+#: Leave when the running jobs end; and its withdrawal: a signal scancel knows by name
+#: whose default action (on a process that is not stopped) is to be ignored, so one that
+#: reaches a process without a handler does no harm. (SLURM also sends CONT when it
+#: resumes a suspended job: then the pilot merely stays until it is released.)
+RETIRE_SIGNAL = "USR2"
+UNRETIRE_SIGNAL = "CONT"
+
+#: Job-count limits (MaxJobs, GrpJobs): sbatch accepts, the job pends with this reason.
+JOB_LIMIT_REASONS = frozenset({"QOSMaxJobsPerUserLimit", "QOSMaxJobsPerAccountLimit",
+                               "QOSGrpJobsLimit", "AssocMaxJobsLimit", "AssocGrpJobsLimit",
+                               "AssociationJobLimit"})
+
+def _number(value: Any) -> float | None:
+    """squeue JSON numbers are plain or {"set": bool, "infinite": bool, "number": n}."""
+    if isinstance(value, dict):
+        if not value.get("set", True) or value.get("infinite"):
+            return None
+        value = value.get("number")
+    if isinstance(value, int | float):
+        return float(value)
+    return None
+
+
+def _state(job: Mapping[str, Any]) -> str:
+    state = job.get("job_state")
+    if isinstance(state, list):
+        return str(state[0]) if state else ""
+    return str(state or "")
+
+
+#: The untyped GPU count in a TRES string: cpu=4,mem=8G,node=1,gres/gpu=2,gres/gpu:a100=2.
+_TRES_GPUS = re.compile(r"(?:^|,)gres/gpu=([0-9]+)")
+#: A GPU request in tres_per_node / tres_per_job: "gres/gpu:2", "gres:gpu:a100:2", "gpu:2".
+_PER_GPUS = re.compile(r"(?:^|,)(?:gres[/:])?gpu(?::[^:,=]+)?:([0-9]+)")
+
+
+def _gpus(job: Mapping[str, Any]) -> int:
+    """The job's GPUs: allocated (running) or asked for (pending); 0 if none.
+
+    A TRES string counts the GPUs once untyped (and again per type, not summed
+    here); the per-node/per-job request strings are the fallback."""
+    for key, pattern in (("tres_alloc_str", _TRES_GPUS), ("tres_req_str", _TRES_GPUS),
+                         ("tres_per_node", _PER_GPUS), ("tres_per_job", _PER_GPUS)):
+        text = job.get(key)
+        if isinstance(text, str) and (found := pattern.findall(text)):
+            return sum(int(n) for n in found)
+    return 0
+
+
+def parse_squeue(doc: Mapping[str, Any], job_name: str) -> list[SiteJob]:
+    """Pilot jobs (by job name) out of `squeue --json` output; finished ones dropped."""
+    jobs = []
+    for job in doc.get("jobs", []):
+        if job.get("name") != job_name:
+            continue
+        raw = _state(job)
+        if raw in STATE_TABLE:
+            state = STATE_TABLE[raw]
+        else:
+            # Never guess "gone": count it as capacity that has not started.
+            log.error("unknown SLURM job state %r of job %s: counted as pending", raw,
+                      job.get("job_id"))
+            state = SiteJobState.PENDING
+        if state is None:
+            continue
+        reason = str(job.get("state_reason") or "")
+        limited = reason if (state is SiteJobState.PENDING
+                             and reason in JOB_LIMIT_REASONS) else ""
+        cpus = int(_number(job.get("cpus")) or 0)
+        mem = _number(job.get("memory_per_node"))
+        if mem is None:
+            per_cpu = _number(job.get("memory_per_cpu")) or 0
+            mem = per_cpu * max(cpus, 1)
+        started = _number(job.get("start_time")) if state != SiteJobState.PENDING else None
+        ends = _number(job.get("end_time")) if state != SiteJobState.PENDING else None
+        jobs.append(SiteJob(
+            job_id=str(job.get("job_id")),
+            state=state,
+            cpus=cpus,
+            memory_mb=int(mem),
+            submitted_at=_number(job.get("submit_time")) or 0.0,
+            started_at=started or None,
+            ends_at=ends or None,
+            gpus=_gpus(job),
+            limit_reason=limited,
+        ))
+    return jobs
