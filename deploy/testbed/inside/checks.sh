@@ -51,7 +51,7 @@ h.Schedd(h.Collector().locate(h.DaemonType.Schedd, "submit2")).query(projection=
         2>&1) || { echo "$out"; return 1; }
 }
 
-check_tokens() { [ -s /etc/provisioner/tokens.d/provisioner ] && [ -s /root/.condor/tokens.d/provisioner ] && [ -s /etc/provisioner/pilot.token ] && [ -s /etc/condor/tokens.d/condor ]; }
+check_tokens() { [ -s /etc/provisioner/tokens.d/provisioner ] && [ -s /root/.condor/tokens.d/provisioner ] && [ -s /etc/provisioner/pilot-keys/pilot-1 ] && [ -s /etc/condor/pilot-keys.d/pilot-1 ] && [ -s /etc/condor/tokens.d/condor ]; }
 
 check_xrootd() {  # from-host url
     timeout 10 "$ON" "$1" -- xrdfs "$2" query config version >/dev/null 2>&1 || return 1

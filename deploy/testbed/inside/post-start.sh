@@ -30,9 +30,21 @@ token provisioner@testbed /etc/provisioner/tokens.d/provisioner provisioner READ
 # reads a token only from a file its reader owns.
 install -d -m 0700 /root/.condor/tokens.d
 install -m 0400 /etc/provisioner/tokens.d/provisioner /root/.condor/tokens.d/provisioner
-# Pilots: advertise masters/startds and act as execute nodes, nothing else.
-token pilot@testbed /etc/provisioner/pilot.token pilot \
-    READ ADVERTISE_MASTER ADVERTISE_STARTD DAEMON
+# Pilots: no shared token any more. The provisioner mints each pilot's own with
+# the pilot signing key (docs/security.md): its copy is readable by the service's
+# account only, the collector's by root only (condor_config/central-manager.conf).
+rm -f /etc/provisioner/pilot.token
+install -d -o provisioner -g provisioner -m 0700 /etc/provisioner/pilot-keys
+install -d -m 0700 /etc/condor/pilot-keys.d
+if [ ! -s /etc/provisioner/pilot-keys/pilot-1 ]; then
+    (umask 077 && head -c 64 /dev/urandom >/etc/provisioner/pilot-keys/pilot-1.tmp)
+    chown provisioner: /etc/provisioner/pilot-keys/pilot-1.tmp
+    mv /etc/provisioner/pilot-keys/pilot-1.tmp /etc/provisioner/pilot-keys/pilot-1
+fi
+install -m 0600 /etc/provisioner/pilot-keys/pilot-1 /etc/condor/pilot-keys.d/pilot-1
+# The live pilot tokens' list (written by the service, read by the collector).
+install -d -o provisioner -g provisioner -m 0755 /var/lib/provisioner
+condor_reconfig -collector >/dev/null
 
 # The Apptainer images: /opt/images/NAME.sif from /src/images/NAME.def and a base
 # tree, built once per definition and rootfs (cached), as the pilot account:

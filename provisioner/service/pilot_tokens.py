@@ -1,0 +1,114 @@
+"""The service's side of per-pilot tokens: mint before sbatch, revoke when a pilot ends.
+
+`PilotTokens.issue` mints the tokens of one submission, lists them as live and has
+the collector re-read the list before any sbatch runs (so a pilot's first ad is never
+early); `bound` records the job id SLURM gave each, `unused` revokes those no pilot
+got; every cycle `observed` revokes the tokens of pilots SLURM no longer lists, and
+`cancelled` those the service cancels. `problem` says why tokens cannot be minted or
+the list cannot be written (shown by `status`); a pilot is then not submitted.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from provisioner.config import Config
+from provisioner.security.livelist import LiveTokens
+from provisioner.security.tokens import PilotToken, TokenError, check_key, mint
+
+log = logging.getLogger(__name__)
+
+
+def reconfig_collector(collector: str) -> None:
+    """Ask the collector to re-read its configuration (it needs ADMINISTRATOR there
+    for the service's identity; condor_config/central-manager.conf grants it)."""
+    import htcondor2 as htcondor
+
+    ad = htcondor.Collector(collector).locate(htcondor.DaemonType.Collector)
+    htcondor.send_command(ad, htcondor.DaemonCommand.Reconfig)
+
+
+#: The list of `site check`'s probe pilots, beside the service's (each process writes
+#: its own file; the collector reads both).
+CHECK_LIST = ".check"
+
+
+class PilotTokens:
+    def __init__(self, config: Config,
+                 reconfig: Callable[[], None] | None = None,
+                 list_suffix: str = "",
+                 minter: Callable[..., PilotToken] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.cfg = config.pilot_tokens
+        self.minter = minter or mint
+        self.clock = clock
+        self.live = LiveTokens(self.cfg.live_list + list_suffix, reconfig or (
+            lambda: reconfig_collector(config.pool.collector)))
+        self.live.load()
+        self.problem: str | None = None
+
+    def lifetime_s(self, walltime_s: int) -> int:
+        return walltime_s + self.cfg.queue_allowance_s + self.cfg.expiry_slack_s
+
+    def deadline_s(self, walltime_s: int) -> int:
+        """sbatch --deadline (from now): SLURM drops a pilot that could no longer end
+        before its token expires."""
+        return walltime_s + self.cfg.queue_allowance_s
+
+    def issue(self, site: str, walltime_s: int, count: int) -> list[PilotToken]:
+        """`count` fresh tokens for pilots at `site`, live at the collector on return.
+        Raises TokenError (with `problem` set) when they cannot be minted or listed."""
+        try:
+            tokens = [self.minter(site, self.config.pool.uid_domain, self.cfg.signing_key,
+                                  self.lifetime_s(walltime_s)) for _ in range(count)]
+            self.live.add(tokens)
+            self.live.commit()
+        except TokenError as exc:
+            self.problem = str(exc)
+            raise
+        except Exception as exc:  # the list's file or the collector's reconfig
+            self.problem = (f"pilot_tokens.live_list {self.cfg.live_list}: not written or "
+                            f"not read by the collector: {exc}")
+            raise TokenError(self.problem) from exc
+        self.problem = None
+        return tokens
+
+    def bound(self, token: PilotToken, job_id: str) -> None:
+        self.live.bind(token.jti, job_id)
+
+    def unused(self, tokens: Iterable[PilotToken]) -> None:
+        self.live.drop((t.jti for t in tokens), "its sbatch failed")
+        self._commit()
+
+    def cancelled(self, site: str, job_id: str) -> None:
+        entry = self.live.of_job(site, job_id)
+        if entry:
+            self.live.drop([entry.jti], "the service cancelled its pilot")
+            self._commit()
+
+    def observed(self, jobs: Mapping[str, Sequence[Any]]) -> None:
+        """After a cycle's reads: `jobs` holds the SLURM jobs of each site read."""
+        self.live.ended({site: [j.job_id for j in listed] for site, listed in jobs.items()},
+                        self.clock())
+        self._commit()
+
+    def identity(self, site: str, job_id: str) -> str | None:
+        entry = self.live.of_job(site, job_id)
+        return entry.identity if entry else None
+
+    def check(self) -> str | None:
+        """Why no token could be minted now (None: the key is usable)."""
+        return check_key(self.cfg.signing_key)
+
+    def _commit(self) -> None:
+        try:
+            self.live.commit()
+        except Exception as exc:  # retried at the next change or cycle
+            self.live.changed = True
+            self.problem = (f"pilot_tokens.live_list {self.cfg.live_list}: revocation not "
+                            f"applied yet: {exc}")
+            log.error("%s", self.problem)
