@@ -26,3 +26,7 @@ class PilotTokensConfig(_Model):
     queue_allowance_s: int = Field(default=86400, ge=60)
     #: Extra life of a token beyond the pilot's latest possible end (clocks, SLURM's kill).
     expiry_slack_s: int = Field(default=600, ge=0)
+    #: The collector's log, where it says which pilot ads and tokens it refused
+    #: (COLLECTOR_DEBUG with D_MACHINE and D_SECURITY): reported by `status` and the
+    #: metrics. "auto": this host's COLLECTOR_LOG; "off"; or the file's path.
+    collector_log: str = Field(default="auto", pattern=r"^(auto|off|/[A-Za-z0-9_./+@%=,-]*)$")

@@ -19,6 +19,7 @@ from provisioner.onboard import check, fit
 from provisioner.onboard.discover import Access, LiveError, discover, read_live
 from provisioner.onboard.probe import Limits, Probe
 from provisioner.onboard.table import Check, as_json, failed, render, site_ok, skipped
+from provisioner.security.tokens import check_key
 from provisioner.sites.executor import Executor
 from provisioner.sites.slurm_cli import SlurmCliBackend
 
@@ -131,7 +132,10 @@ def site_check(config: Config, names: Sequence[str], as_json_out: bool, probe: b
 def live_differences(config: Config) -> int:
     """`check-config --live`: every field of every site block that differs from SLURM."""
     control_dir = check.private_dir()
-    problems = 0
+    key_problem = check_key(config.pilot_tokens.signing_key)
+    print(f"pilot_tokens.signing_key {config.pilot_tokens.signing_key}: "
+          + (key_problem or "usable by this account only"))
+    problems = 1 if key_problem else 0
     try:
         for i, site in enumerate(config.sites):
             executor = check.site_executor(site, control_dir)

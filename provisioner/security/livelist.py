@@ -65,6 +65,9 @@ class LiveTokens:
         self.entries: dict[str, Entry] = {}
         self.changed = False
         self.revoked_total = 0
+        self._revoked_new = 0
+        #: Tokens revoked lately, by jti: a refusal of one still names its pilot.
+        self.gone: dict[str, Entry] = {}
 
     def load(self) -> None:
         try:
@@ -94,7 +97,20 @@ class LiveTokens:
                 log.info("pilot token %s of %s (%s/%s) revoked: %s", jti, entry.identity,
                          entry.site, entry.job_id or "-", why)
                 self.revoked_total += 1
+                self._revoked_new += 1
                 self.changed = True
+                self.gone[jti] = entry
+                if len(self.gone) > 1000:
+                    self.gone.pop(next(iter(self.gone)))
+
+    def known(self, jti: str) -> Entry | None:
+        """The token `jti`, live or revoked lately."""
+        return self.entries.get(jti) or self.gone.get(jti)
+
+    def take_revoked(self) -> int:
+        """How many tokens were revoked since the last call."""
+        n, self._revoked_new = self._revoked_new, 0
+        return n
 
     def of_job(self, site: str, job_id: str) -> Entry | None:
         for entry in self.entries.values():

@@ -229,7 +229,6 @@ class Provisioner:
             for line in self.disagreements.report(snapshot.pilots, ads, jobs, now, self._margin,
                                                   running_on):
                 log.warning("%s", line)
-        self.tokens.observed(jobs)  # the tokens of pilots SLURM no longer lists: revoked
         return Observation(snapshot, ads, jobs, running_on, size)
 
     def _read_pool(self, since: float | None) -> tuple[QueueView, dict[str, PilotAd]] | None:
@@ -417,6 +416,7 @@ class Provisioner:
         t2 = time.monotonic()
         if not dry_run:
             cycle.outcomes = self.act(obs, result)
+            self.tokens.observed(obs.jobs)  # the tokens of pilots SLURM no longer lists
         t3 = time.monotonic()
         cycle.timings = {**decided.timings, "act": t3 - t2}
         line = summary_line(cycle)
@@ -468,6 +468,7 @@ class Provisioner:
             kind = text.split(" ", 1)[0]
             site, job_id = action_target(text)
             self.journal.action(cid, kind, site, job_id, text, outcome)
+        self.journal.put("pilot_tokens", self.tokens.report(obs.ads, self.metrics))
         self.journal.put("flagged", self.flagged)
         self.journal.put("controller", self.controller.state())
         self.journal.put("breakers", self.controller.breakers.snapshot(now))

@@ -13,10 +13,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from provisioner.config import Config
 from provisioner.security.livelist import LiveTokens
+from provisioner.security.refusals import CollectorLog, Refusal
 from provisioner.security.tokens import PilotToken, TokenError, check_key, mint
 
 log = logging.getLogger(__name__)
@@ -36,6 +38,22 @@ def reconfig_collector(collector: str) -> None:
 CHECK_LIST = ".check"
 
 
+def collector_log(setting: str) -> CollectorLog | None:
+    """The collector's log to follow: `setting`'s path, this host's COLLECTOR_LOG
+    ("auto"; None if HTCondor does not know one), or None ("off")."""
+    if setting == "off":
+        return None
+    if setting == "auto":
+        try:
+            import htcondor2 as htcondor
+
+            path = htcondor.param.get("COLLECTOR_LOG")
+        except Exception:  # no bindings or no configuration: nothing to follow
+            return None
+        return CollectorLog(path) if path else None
+    return CollectorLog(setting)
+
+
 class PilotTokens:
     def __init__(self, config: Config,
                  reconfig: Callable[[], None] | None = None,
@@ -50,6 +68,8 @@ class PilotTokens:
             lambda: reconfig_collector(config.pool.collector)))
         self.live.load()
         self.problem: str | None = None
+        self.recent: list[str] = []
+        self.collector_log = collector_log(self.cfg.collector_log)
 
     def lifetime_s(self, walltime_s: int) -> int:
         return walltime_s + self.cfg.queue_allowance_s + self.cfg.expiry_slack_s
@@ -99,6 +119,44 @@ class PilotTokens:
     def identity(self, site: str, job_id: str) -> str | None:
         entry = self.live.of_job(site, job_id)
         return entry.identity if entry else None
+
+    def foreign(self, ads: Mapping[str, Any]) -> list[str]:
+        """Pilot ads (`PilotAd`s by key) advertised by an identity other than the one
+        minted for that pilot: "<key>: <identities>". A pilot the list does not hold
+        (submitted before the service restarted and lost its list) is not judged."""
+        out = []
+        for key, ad in sorted(ads.items()):
+            expected = self.identity(ad.site, ad.job_id)
+            seen = [i for i in getattr(ad, "identities", ()) if i]
+            if expected and any(i != expected for i in seen):
+                out.append(f"{key}: advertised by {', '.join(seen)}; minted for {expected}")
+        return out
+
+    def refused(self) -> list[Refusal]:
+        """The collector's refusals since the last call, each naming the pilot the
+        service submitted when the refused token was one of its own."""
+        if self.collector_log is None:
+            return []
+        out = []
+        for r in self.collector_log.read():
+            entry = self.live.known(r.jti) if r.jti else None
+            if entry is not None:
+                r = replace(r, detail=f"{r.detail} (pilot {entry.site}/{entry.job_id or '-'}"
+                            " that this service submitted)")
+            out.append(r)
+        return out
+
+    def report(self, ads: Mapping[str, Any], metrics: Any) -> dict[str, Any]:
+        """What `status` shows (kept in the journal each cycle), and the metrics."""
+        foreign = self.foreign(ads)
+        refused = self.refused()
+        self.recent = (self.recent + [f"{r.at} {r.kind}: {r.detail}" for r in refused])[-20:]
+        metrics.tokens(live=len(self.live.entries), revoked=self.live.take_revoked(),
+                       refused=[r.kind for r in refused], foreign=len(foreign))
+        problem = self.problem or self.check()
+        return {"live": len(self.live.entries), "revoked_total": self.live.revoked_total,
+                "problem": problem or "", "foreign": foreign, "refused": self.recent,
+                "collector_log": self.collector_log.problem if self.collector_log else "off"}
 
     def check(self) -> str | None:
         """Why no token could be minted now (None: the key is usable)."""

@@ -18,7 +18,8 @@ settings.load_profile("unit")
 def fake_mint(site: str, uid_domain: str, key: str, lifetime: int) -> PilotToken:
     """A token as condor_token_create returns one (claims not signed: no collector)."""
     identity = identity_of(site, uid_domain)
-    return PilotToken(site, identity, identity[-12:] * 2, 0, lifetime, "aGVhZA.cGF5bG9hZA.c2ln")
+    serial = identity.split("@")[0][-12:]
+    return PilotToken(site, identity, serial * 2, 0, lifetime, "aGVhZA.cGF5bG9hZA.c2ln")
 
 
 @pytest.fixture(autouse=True)
