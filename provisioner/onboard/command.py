@@ -64,6 +64,8 @@ def _login(config: Config, index: int, site: SiteConfig, executor: Executor) -> 
         rows = [check.account_check(index, site, result.returncode, result.stdout)]
     if all(r.ok is not False for r in rows):
         rows.append(check.commands_check(executor))
+        if isinstance(site.executor, SshExecutorConfig):
+            rows.append(check.gate_check(executor))
     return rows
 
 
