@@ -109,7 +109,7 @@ def next_steps(directory: Path, owner: str) -> str:
 Left to do (none of these secrets is made by init):
 1. On the central manager (with the pool's signing key), the service's token:
      condor_token_create -identity provisioner@DOMAIN -authz READ -authz WRITE \\
-       -authz DAEMON > {d}/tokens.d/provisioner
+       -authz DAEMON -authz ADMINISTRATOR > {d}/tokens.d/provisioner
      chown {owner}: {d}/tokens.d/provisioner && chmod 600 {d}/tokens.d/provisioner
    and the key the service signs each pilot's own token with (no site holds a pool
    token: docs/security.md), one copy for the service, one for the collector only:

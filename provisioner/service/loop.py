@@ -27,7 +27,7 @@ from provisioner.config import Config
 from provisioner.decide.backoff import SiteBackoff
 from provisioner.decide.cadence import Probe, gap_holds
 from provisioner.decide.controller import Controller, PoolView, QueueSize
-from provisioner.errors import BackendError, Misconfigured
+from provisioner.errors import BackendError, Transient
 from provisioner.model import (
     Cancel,
     Demand,
@@ -271,8 +271,8 @@ class Provisioner:
                     gpus=action.gpus,
                     deadline_s=self.tokens.deadline_s(action.walltime_s))))
                 self.tokens.bound(token, ids[-1])
-        except TokenError as exc:
-            error = Misconfigured(str(exc), field="pilot_tokens")
+        except TokenError as exc:  # retried (status says why meanwhile)
+            error = Transient(str(exc))
             log.error("no pilot submitted at %s: %s", action.site, exc)
         except BackendError as exc:
             error = exc

@@ -29,8 +29,10 @@ def reconfig_collector(collector: str) -> None:
     for the service's identity; condor_config/central-manager.conf grants it)."""
     import htcondor2 as htcondor
 
-    ad = htcondor.Collector(collector).locate(htcondor.DaemonType.Collector)
-    htcondor.send_command(ad, htcondor.DaemonCommand.Reconfig)
+    ads = htcondor.Collector(collector).query(htcondor.AdType.Collector)
+    if not ads:
+        raise RuntimeError(f"no collector ad at {collector}")
+    htcondor.send_command(ads[0], htcondor.DaemonCommand.Reconfig)
 
 
 #: The list of `site check`'s probe pilots, beside the service's (each process writes

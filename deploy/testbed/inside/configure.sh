@@ -44,6 +44,8 @@ install -d -o condor -g condor /var/log/condor-submit2 /var/spool/condor-submit2
     /run/lock/condor-submit2 /run/condor-submit2 /var/lib/condor-submit2 \
     /var/lib/condor-submit2/execute
 install -d -m 0700 /etc/condor/passwords.d /etc/condor/tokens.d
+# FS authentication at the collector (etc/condor-testbed.conf): like /tmp.
+install -d -m 1777 /var/lib/condor-fsauth
 install -d -m 1777 /run/lock
 install -d -o condor -g condor /run/lock/condor /run/condor
 install -d -m 0755 /etc/provisioner /var/log/pilots
