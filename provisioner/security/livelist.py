@@ -26,9 +26,9 @@ log = logging.getLogger(__name__)
 #: A token whose sbatch never answered (the service stopped in between) is kept this
 #: long: its pilot may run; the service cannot tell which job it is.
 UNBOUND_KEEP_S = 600
-#: A token is checked against SLURM's list only once it is this old: a pilot submitted
-#: after the list was read is not in it.
-LIST_LAG_S = 120
+#: A token minted less than this before SLURM's list was read is not judged by it
+#: (`iat` counts whole seconds).
+IAT_SLACK_S = 2
 
 
 @dataclass(frozen=True)
@@ -118,10 +118,12 @@ class LiveTokens:
                 return entry
         return None
 
-    def ended(self, listed: Mapping[str, Iterable[str]], now: float) -> None:
+    def ended(self, listed: Mapping[str, Iterable[str]], listed_at: float) -> None:
         """Revoke the tokens of pilots SLURM no longer lists (`listed`: the job ids of
-        each site read this cycle; a site not read is unknown: nothing of it is
-        revoked), of unbound tokens kept long enough, and of expired ones."""
+        each site read this cycle, from `listed_at` on; a site not read is unknown:
+        nothing of it is revoked, nor a token minted after the list was read), of
+        unbound tokens kept long enough, and of expired ones."""
+        now = listed_at
         jobs = {site: set(ids) for site, ids in listed.items()}
         gone, stale, expired = [], [], []
         for entry in self.entries.values():
@@ -131,7 +133,7 @@ class LiveTokens:
                 if now - entry.issued_at > UNBOUND_KEEP_S:
                     stale.append(entry.jti)
             elif (entry.site in jobs and entry.job_id not in jobs[entry.site]
-                  and now - entry.issued_at > LIST_LAG_S):
+                  and entry.issued_at < listed_at - IAT_SLACK_S):
                 gone.append(entry.jti)
         self.drop(gone, "its pilot has left SLURM")
         self.drop(stale, "sbatch never answered for it")

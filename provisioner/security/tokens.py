@@ -110,9 +110,15 @@ def mint(site: str, uid_domain: str, key_file: str, lifetime_s: int,
         argv += ["-authz", authz]
     env = {**os.environ, "_CONDOR_SEC_PASSWORD_DIRECTORY": str(key.parent),
            "_CONDOR_TRUST_DOMAIN": uid_domain, "_CONDOR_TOOL_DEBUG": ""}
+    # HTCondor reads a key only from its owner's file: root (an admin's tools, the
+    # tests) mints as the key's owner.
+    st = key.stat()
+    as_owner: dict[str, object] = {}
+    if os.geteuid() == 0 and st.st_uid != 0:
+        as_owner = {"user": st.st_uid, "group": st.st_gid, "extra_groups": [], "cwd": "/"}
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, env=env,
-                              timeout=timeout_s, check=False)
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env,  # type: ignore[call-overload]
+                              timeout=timeout_s, check=False, **as_owner)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise TokenError(f"condor_token_create failed: {exc}") from None
     text = proc.stdout.strip()

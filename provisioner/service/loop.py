@@ -416,7 +416,7 @@ class Provisioner:
         t2 = time.monotonic()
         if not dry_run:
             cycle.outcomes = self.act(obs, result)
-            self.tokens.observed(obs.jobs)  # the tokens of pilots SLURM no longer lists
+            self.tokens.observed(obs.jobs, now)  # the tokens of pilots SLURM no longer lists
         t3 = time.monotonic()
         cycle.timings = {**decided.timings, "act": t3 - t2}
         line = summary_line(cycle)

@@ -112,10 +112,11 @@ class PilotTokens:
             self.live.drop([entry.jti], "the service cancelled its pilot")
             self._commit()
 
-    def observed(self, jobs: Mapping[str, Sequence[Any]]) -> None:
-        """After a cycle's reads: `jobs` holds the SLURM jobs of each site read."""
+    def observed(self, jobs: Mapping[str, Sequence[Any]], listed_at: float) -> None:
+        """After a cycle's reads: `jobs` holds the SLURM jobs of each site read, read
+        from `listed_at` on."""
         self.live.ended({site: [j.job_id for j in listed] for site, listed in jobs.items()},
-                        self.clock())
+                        listed_at)
         self._commit()
 
     def identity(self, site: str, job_id: str) -> str | None:

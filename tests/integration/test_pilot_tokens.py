@@ -18,6 +18,7 @@ from conftest import WORKERS, run, service_config, split_startd
 from pilottokens import (
     advertise,
     clear_test_list,
+    collector_log_since,
     forged_ads,
     list_live,
     log_offset,
@@ -27,10 +28,24 @@ from pilottokens import (
     reconfig_collector,
     wait_logged,
 )
-from test_loop import clean_pool, gated_jobs_left, jobs_left, submit_gated, submit_script, wait_for
+from test_loop import (
+    clean_pool,
+    gated_jobs_left,
+    jobs_left,
+    submit_gated,
+    submit_script,
+    wait_for,
+)
 
 from provisioner.security.tokens import PilotToken, claims, identity_of
 from provisioner.service.loop import Provisioner
+
+
+@pytest.fixture
+def clean() -> Iterator[None]:
+    clean_pool()
+    yield
+    clean_pool()
 
 
 @pytest.fixture
@@ -50,7 +65,7 @@ def user_of(token: PilotToken) -> str:
 
 def own_name(token: PilotToken, job_id: str) -> str:
     """The name a pilot with `token` and SLURM job `job_id` gives its startd."""
-    return f"{token.site and 'pilot-' + token.site}-{job_id}@{user_of(token)}.cm"
+    return f"pilot-{token.site}-{job_id}@{user_of(token)}.cm"
 
 
 def accepted(mark: str, timeout: float = 10.0) -> list[dict[str, object]]:
@@ -143,7 +158,7 @@ def test_a_pilots_token_advertises_only_its_own_pilot_and_dies_with_it(clean: No
         prov.pool.pilot_ads()) >= 2 and {a.site for a in prov.pool.pilot_ads().values()}
         == {"gsi", "frankfurt"}, 180, step=3)
     found = pilot_tokens_on_nodes(prov)
-    (a_name, (a_key, a_node, a_token)), (b_name, (_b_key, _b_node, b_token)) = sorted(
+    (a_name, (a_key, _a_node, a_token)), (b_name, (_b_key, _b_node, b_token)) = sorted(
         found.items(), key=lambda kv: kv[1][0])[:2]
     assert a_token.identity != b_token.identity
     assert user_of(a_token) in a_name and user_of(b_token) in b_name
@@ -217,11 +232,29 @@ def test_rotating_the_pilot_key_keeps_running_pilots(clean: None, tokens: None) 
         import json
         kid = json.loads(base64.urlsafe_b64decode(header + "=" * (-len(header) % 4)))["kid"]
         assert kid == "pilot-2"
-        # the old pilot still works: its job ends normally, and it takes a new one
+        # a token of the old key that authenticates anew (as a running pilot's startd
+        # does when its session ends) is still taken
+        mark = marker()
+        again = mint(identity_of("gsi", "testbed"), key="pilot-1")
+        list_live(again)
+        advertise(again, pilot_ad(own_name(again, "903"), "gsi", "903", mark))
+        assert accepted(mark), "a token of the old key was refused during the rotation"
+        invalidate(mark)
+        # the old pilot's job ends normally
         wait_for("both jobs done", lambda: gated_jobs_left(first) + gated_jobs_left(second)
                  == 0, 120, step=2)
+        # the last step: the old key leaves the collector, and its tokens with it
+        Path("/etc/condor/pilot-keys.d/pilot-1").unlink()
+        reconfig_collector()
+        mark = marker()
+        offset = log_offset()
+        advertise(again, pilot_ad(own_name(again, "904"), "gsi", "904", mark))
+        time.sleep(3)
+        assert not forged_ads(mark), collector_log_since(offset)[-2000:]
     finally:
         clean_pool()
         for path in (new, "/etc/condor/pilot-keys.d/pilot-2"):
             Path(path).unlink(missing_ok=True)
+        run(["install", "-m", "0600", "/etc/provisioner/pilot-keys/pilot-1",
+             "/etc/condor/pilot-keys.d/pilot-1"])
         reconfig_collector()

@@ -19,7 +19,7 @@ from provisioner.pilot import leftovers
 from provisioner.pilot.params import PilotError, read_token
 from provisioner.pilot.script import render_pilot_script
 from provisioner.security import collector_list
-from provisioner.security.livelist import LIST_LAG_S, UNBOUND_KEEP_S, Entry, LiveTokens
+from provisioner.security.livelist import UNBOUND_KEEP_S, Entry, LiveTokens
 from provisioner.security.tokens import IDENTITY_USER, PilotToken, check_key, claims, identity_of
 from provisioner.service.pilot_tokens import PilotTokens
 from provisioner.sites.base import PilotRequest
@@ -131,7 +131,7 @@ def test_the_live_list_revokes_what_ended_and_keeps_what_is_unknown(tmp_path: Pa
         entry("d" * 32, job=""),                      # sbatch never answered, old
         entry("e" * 32, job="", iat=now - 10),        # sbatch answering now
         entry("f" * 32, job="4", exp=now - 1),        # expired
-        entry("0" * 32, job="5", iat=now - LIST_LAG_S + 5),  # newer than the list
+        entry("0" * 32, job="5", iat=now),            # minted after the list was read
     ]}
     live.ended({"gsi": ["1"]}, now)
     assert sorted(live.entries) == ["0" * 32, "a" * 32, "c" * 32, "e" * 32]
