@@ -324,7 +324,8 @@ class Provisioner:
     def _cancel(self, action: Cancel, _fresh: Fresh) -> str:
         pending = action.pilot.state is PilotState.PENDING
         self.backends[action.pilot.site].cancel(action.pilot.job_id, only_pending=pending)
-        self.tokens.cancelled(action.pilot.site, action.pilot.job_id)
+        if not pending:  # one that started meanwhile runs on: its token with it
+            self.tokens.cancelled(action.pilot.site, action.pilot.job_id)
         self.metrics.count("pilots_cancelled", action.pilot.site)
         return "cancelled if still pending" if pending else "cancelled"
 

@@ -158,9 +158,13 @@ def test_a_pilots_token_advertises_only_its_own_pilot_and_dies_with_it(clean: No
         prov.pool.pilot_ads()) >= 2 and {a.site for a in prov.pool.pilot_ads().values()}
         == {"gsi", "frankfurt"}, 180, step=3)
     found = pilot_tokens_on_nodes(prov)
-    (a_name, (a_key, _a_node, a_token)), (b_name, (_b_key, _b_node, b_token)) = sorted(
+    (a_name, (a_key, a_node, a_token)), (b_name, (_b_key, _b_node, b_token)) = sorted(
         found.items(), key=lambda kv: kv[1][0])[:2]
     assert a_token.identity != b_token.identity
+    a_site, a_job = a_key.split("/")
+    a_file = f"/tmp/pilot-{a_site}-{a_job}/tokens.d/pilot"
+    assert run(["stat", "-c", "%a %U", a_file], host=a_node).stdout.split() == ["600",
+                                                                                 "pilot"]
     assert user_of(a_token) in a_name and user_of(b_token) in b_name
     ads = prov.pool.pilot_ads()
     assert {i for ad in ads.values() for i in ad.identities} >= {a_token.identity,
@@ -180,6 +184,7 @@ def test_a_pilots_token_advertises_only_its_own_pilot_and_dies_with_it(clean: No
              lambda: prov.run_cycle("test") and a_token.jti not in prov.tokens.live.entries
              and not any(k == a_key for k in prov.pool.pilot_ads()), 240, step=3)
     assert a_token.jti not in Path("/var/lib/provisioner/pilot-tokens.live").read_text()
+    assert run(["test", "-e", a_file], host=a_node, check=False).returncode == 1
     # A's copy from cm, under A's own name: refused; a job asking for it stays idle
     site, job = a_key.split("/")
     mark = marker()

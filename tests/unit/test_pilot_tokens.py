@@ -20,6 +20,7 @@ from provisioner.pilot.params import PilotError, read_token
 from provisioner.pilot.script import render_pilot_script
 from provisioner.security import collector_list
 from provisioner.security.livelist import UNBOUND_KEEP_S, Entry, LiveTokens
+from provisioner.security.refusals import CollectorLog
 from provisioner.security.tokens import IDENTITY_USER, PilotToken, check_key, claims, identity_of
 from provisioner.service.pilot_tokens import PilotTokens
 from provisioner.sites.base import PilotRequest
@@ -197,3 +198,72 @@ def test_a_starting_pilot_removes_what_gone_pilots_left(tmp_path: Path) -> None:
     assert removed == ["pilot-gsi-1"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "pilot-fra-4", "pilot-gsi-2", "pilot-gsi-3", "testcache"]
+
+
+#: The collector's own lines (HTCondor 23.9, COLLECTOR_DEBUG = D_MACHINE D_SECURITY).
+REVOKED = ('11/28/26 08:38:45 User token with payload {"exp":1795858724,"iat":1795855124,'
+           '"iss":"testbed","jti":"ac258524fbe7173ee147d02ce0ef8ced","scope":"condor:\\/READ '
+           'condor:\\/ADVERTISE_MASTER","sub":"pilot-gsi-e9642035c6ce@testbed"} has been '
+           'revoked.\n')
+EXPIRED = "11/28/26 08:38:42 User token has been expired for 2 seconds.\n"
+VIOLATION = ("11/28/26 08:42:23 COLLECTOR_REQUIREMENTS VIOLATION: requirements do not match "
+             "ad from <10.10.0.10:11657>.\n")
+
+
+def test_the_collectors_refusals_are_read_from_its_log_as_it_grows(tmp_path: Path) -> None:
+    log = tmp_path / "CollectorLog"
+    log.write_text(REVOKED)  # before the service started: not reported
+    follower = CollectorLog(str(log))
+    assert follower.read() == []
+    with log.open("a") as f:
+        f.write("11/28/26 08:40:00 DC_AUTHENTICATE: Success.\n" + EXPIRED + VIOLATION
+                + REVOKED + "11/28/26 08:43:00 User token with pay")  # a line being written
+    got = follower.read()
+    assert [(r.kind, r.detail) for r in got] == [
+        ("expired", "expired 2 s ago"), ("ad", "<10.10.0.10:11657>."),
+        ("revoked", "pilot-gsi-e9642035c6ce@testbed")]
+    assert got[2].jti == "ac258524fbe7173ee147d02ce0ef8ced" and got[2].at == "11/28/26 08:38:45"
+    log.rename(tmp_path / "CollectorLog.old")  # rotated
+    log.write_text(EXPIRED)
+    assert [r.kind for r in follower.read()] == ["expired"]
+    log.unlink()
+    assert follower.read() == [] and follower.problem and "CollectorLog" in follower.problem
+
+
+def test_status_and_metrics_name_a_refused_token_of_a_submitted_pilot_and_a_foreign_ad(
+        tmp_path: Path) -> None:
+    from provisioner.pool.condor import PilotAd
+    from provisioner.service.metrics import Metrics
+    from provisioner.service.status import tokens_text
+
+    cfg = config(tmp_path)
+    log = tmp_path / "CollectorLog"
+    log.write_text("")
+    tokens = PilotTokens(cfg, reconfig=lambda: None)  # type: ignore[arg-type]
+    tokens.collector_log = CollectorLog(str(log))
+    tokens.collector_log.read()
+    mine = Entry("ac258524fbe7173ee147d02ce0ef8ced", "pilot-gsi-e9642035c6ce@testbed", "gsi",
+                 "17", 0, 10**10)
+    other = Entry("b" * 32, "pilot-gsi-0123456789ab@testbed", "gsi", "18", 0, 10**10)
+    tokens.live.entries = {mine.jti: mine, other.jti: other}
+    log.write_text(REVOKED + VIOLATION)
+
+    def ad(job: str, *identities: str) -> PilotAd:
+        return PilotAd("gsi", job, f"pilot-gsi-{job}@x", None, 4, 8000, 4, 8000, 0, False,
+                       identities=identities)
+
+    ads = {"gsi/17": ad("17", mine.identity),
+           "gsi/18": ad("18", other.identity, mine.identity)}  # a second, forged ad
+    metrics = Metrics()
+    report = tokens.report(ads, metrics)
+    assert report["foreign"] == [f"gsi/18: advertised by {other.identity}, {mine.identity}; "
+                                 f"minted for {other.identity}"]
+    assert any("pilot gsi/17 that this service submitted" in r for r in report["refused"])
+    text = "\n".join(tokens_text(report, str, str))
+    assert "2 live" in text and "foreign ad: gsi/18" in text and "revoked:" in text
+    assert "pilot_tokens.signing_key" in text  # no key in this test: named
+    scrape = {s.name: s for s in metrics.registry.collect()}
+    assert scrape["provisioner_pilot_ads_foreign"].samples[0].value == 1
+    refused = {s.labels["kind"]: s.value for s in
+               scrape["provisioner_collector_refusals"].samples if s.name.endswith("_total")}
+    assert refused == {"revoked": 1.0, "ad": 1.0}
