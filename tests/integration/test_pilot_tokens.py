@@ -14,6 +14,7 @@ from pathlib import Path
 
 import htcondor2 as htcondor
 import pytest
+import yaml
 from conftest import WORKERS, run, service_config, split_startd
 from pilottokens import (
     advertise,
@@ -29,6 +30,7 @@ from pilottokens import (
     wait_logged,
 )
 from test_loop import (
+    all_pilot_jobs,
     clean_pool,
     gated_jobs_left,
     jobs_left,
@@ -263,3 +265,31 @@ def test_rotating_the_pilot_key_keeps_running_pilots(clean: None, tokens: None) 
         run(["install", "-m", "0600", "/etc/provisioner/pilot-keys/pilot-1",
              "/etc/condor/pilot-keys.d/pilot-1"])
         reconfig_collector()
+
+
+def test_a_missing_signing_key_is_named_and_nothing_is_submitted(clean: None,
+                                                                 tmp_path: Path) -> None:
+    """check-config --live names the key; the service submits no pilot, and `status`
+    says why (from the service's journal)."""
+    cfg = service_config()
+    missing = cfg.model_copy(update={
+        "pilot_tokens": cfg.pilot_tokens.model_copy(
+            update={"signing_key": "/etc/provisioner/pilot-keys/none"}),
+        "journal": str(tmp_path / "journal.sqlite")})
+    path = tmp_path / "missing.yaml"
+    data = yaml.safe_load(Path("/src/deploy/testbed/provisioner.yaml").read_text())
+    data["pilot_tokens"]["signing_key"] = "/etc/provisioner/pilot-keys/none"
+    data["journal"] = str(tmp_path / "journal.sqlite")
+    path.write_text(yaml.safe_dump(data))
+    live = run(["provisioner", "-c", str(path), "check-config", "--live"], check=False)
+    assert live.returncode == 1
+    assert "pilot_tokens.signing_key /etc/provisioner/pilot-keys/none: No such file" \
+        in live.stdout, live.stdout
+    prov = Provisioner(missing)
+    cluster = submit_gated("no-key", 1)
+    prov.run_cycle("test")
+    assert not any(all_pilot_jobs().values()) and jobs_left(cluster) == 1
+    status = run(["provisioner", "-c", str(path), "status"], check=False).stdout
+    print(status)
+    assert "no pilot can be submitted: pilot_tokens.signing_key" in status
+    assert "/etc/provisioner/pilot-keys/none" in status

@@ -9,9 +9,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import LOGIN, SITES, run, slurm
+from conftest import CONFIG, LOGIN, SITES, run, service_config, slurm
 
 from provisioner.onboard.check import gate_check
+from provisioner.service.loop import Provisioner
 from provisioner.sites.executor import SshExecutor
 
 KEY = "/etc/provisioner/ssh/id_ed25519"
@@ -89,3 +90,27 @@ def test_site_check_sees_the_key_restricted(site: str) -> None:
     run(["rm", "-rf", ctl])
     assert proc.stdout.startswith("True False an arbitrary command is refused"), proc.stdout
     assert gate_check and SshExecutor  # the same code, run as the service's account
+
+
+def test_a_gate_that_refuses_what_the_backend_needs_is_named_and_the_other_site_goes_on(
+        ) -> None:
+    """As an older gate at one site would: frankfurt's SLURM configuration is no longer
+    allowed. site check and the service name the refusal; gsi goes on."""
+    ini = Path("/etc/provisioner-gate.ini")
+    saved = ini.read_text()
+    ini.write_text(saved.replace(" /etc/slurm-frankfurt/slurm.conf", ""))
+    try:
+        prov = Provisioner(service_config())
+        views = {v.name: v for v in prov.observe().snapshot.sites}
+        assert views["gsi"].known, views
+        assert not views["frankfurt"].known and "provisioner-gate: refused" in \
+            views["frankfurt"].error, views
+        checked = run(["provisioner", "-c", CONFIG, "site", "check", "--no-probe"],
+                      user="provisioner", check=False)
+        print(checked.stdout)
+        assert checked.returncode == 1
+        assert "Site gsi: all checks passed" in checked.stdout
+        frankfurt = checked.stdout.split("Site frankfurt:", 1)[1]
+        assert "✗" in frankfurt and "provisioner-gate: refused" in frankfurt, frankfurt
+    finally:
+        ini.write_text(saved)
