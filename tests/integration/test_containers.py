@@ -88,7 +88,8 @@ def test_container_jobs_from_a_shared_path_by_transfer_and_singularity_image(
     plain = submit_as("alice", "ctr-none", PROBE, GSI_ONLY)
     steal = submit_as("alice", "ctr-steal", (
         "for f in /tmp/pilot-*/tokens.d/pilot /var/tmp/pilot-*/tokens.d/pilot "
-        "/etc/provisioner/pilot.token; do cat $f >/dev/null 2>&1 && echo LEAK-$f; done\n"
+        "/etc/provisioner/pilot-keys/pilot-1; do cat $f >/dev/null 2>&1 && echo LEAK-$f; "
+        "done\n"
         "echo procs=$(ls -d /proc/[0-9]* | wc -l)\n"),
         GSI_ONLY + SEND_EXE + f"container_image = {PAYLOAD}\ntransfer_container = false\n")
     drive(prov, [shared, sent, legacy, plain, steal], 240)

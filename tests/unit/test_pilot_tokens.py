@@ -267,3 +267,24 @@ def test_status_and_metrics_name_a_refused_token_of_a_submitted_pilot_and_a_fore
     refused = {s.labels["kind"]: s.value for s in
                scrape["provisioner_collector_refusals"].samples if s.name.endswith("_total")}
     assert refused == {"revoked": 1.0, "ad": 1.0}
+
+
+def test_a_configuration_with_the_shared_pilot_token_loads_and_names_the_field(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    old = f"""
+templates_dir: {REPO}/slurm_templates
+pool: {{collector: "cm:9618", pilot_token_file: /etc/provisioner/pilot.token}}
+sites:
+  - name: gsi
+    max_walltime_s: 7200
+    template: gsi.sh.j2
+    image: /images/pilot.sif
+    pilot: {{cpus: 4, memory_mb: 8000, walltime_s: 3600}}
+    runtime: {{token_file: /etc/provisioner/pilot.token}}
+"""
+    with caplog.at_level("WARNING"):
+        cfg = parse_config(old, "old.yaml")
+    assert cfg.pilot_tokens.signing_key == "/etc/provisioner/pilot-keys/pilot-1"
+    said = caplog.text
+    assert "pool.pilot_token_file is no longer used" in said
+    assert "sites[].runtime.token_file is no longer used" in said
