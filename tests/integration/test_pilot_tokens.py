@@ -29,8 +29,9 @@ from pilottokens import (
     reconfig_collector,
     wait_logged,
 )
-from test_loop import (
+from test_loop import (  # noqa: F401  (clean: a fixture the tests use)
     all_pilot_jobs,
+    clean,
     clean_pool,
     gated_jobs_left,
     jobs_left,
@@ -41,13 +42,6 @@ from test_loop import (
 
 from provisioner.security.tokens import PilotToken, claims, identity_of
 from provisioner.service.loop import Provisioner
-
-
-@pytest.fixture
-def clean() -> Iterator[None]:
-    clean_pool()
-    yield
-    clean_pool()
 
 
 @pytest.fixture
@@ -149,8 +143,8 @@ def pilot_tokens_on_nodes(prov: Provisioner) -> dict[str, tuple[str, str, PilotT
     return out
 
 
-def test_a_pilots_token_advertises_only_its_own_pilot_and_dies_with_it(clean: None,
-                                                                        tokens: None) -> None:
+@pytest.mark.usefixtures("clean")
+def test_a_pilots_token_advertises_only_its_own_pilot_and_dies_with_it(tokens: None) -> None:
     """Two real pilots (one per site). A's token, copied off its node, used from cm:
     under B's name, refused while both run; once A has ended and the service has seen
     it, refused whatever the name, and a job asking for the forged startd never runs."""
@@ -208,7 +202,8 @@ def test_a_pilots_token_advertises_only_its_own_pilot_and_dies_with_it(clean: No
     assert jobs_left(cluster) == 0
 
 
-def test_rotating_the_pilot_key_keeps_running_pilots(clean: None, tokens: None) -> None:
+@pytest.mark.usefixtures("clean")
+def test_rotating_the_pilot_key_keeps_running_pilots(tokens: None) -> None:
     """A new key while a pilot runs: the running pilot keeps working with its token of
     the old key, new pilots get tokens of the new one (docs/security.md)."""
     new = "/etc/provisioner/pilot-keys/pilot-2"
@@ -267,8 +262,8 @@ def test_rotating_the_pilot_key_keeps_running_pilots(clean: None, tokens: None) 
         reconfig_collector()
 
 
-def test_a_missing_signing_key_is_named_and_nothing_is_submitted(clean: None,
-                                                                 tmp_path: Path) -> None:
+@pytest.mark.usefixtures("clean")
+def test_a_missing_signing_key_is_named_and_nothing_is_submitted(tmp_path: Path) -> None:
     """check-config --live names the key; the service submits no pilot, and `status`
     says why (from the service's journal)."""
     cfg = service_config()

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -35,10 +36,10 @@ def jwt(payload: dict[str, object]) -> str:
     return f"eyJhbGciOiJIUzI1NiJ9.{body}.c2lnbmF0dXJl"
 
 
-def config(tmp_path: Path) -> object:
+def config(tmp_path: Path, pool_extra: str = "", site_extra: str = "") -> Any:
     return parse_config(f"""
 templates_dir: {REPO}/slurm_templates
-pool: {{collector: "cm:9618", provisioner_id: t, uid_domain: example.org}}
+pool: {{collector: "cm:9618", provisioner_id: t, uid_domain: example.org{pool_extra}}}
 pilot_tokens: {{live_list: {tmp_path}/live, signing_key: {tmp_path}/key}}
 sites:
   - name: gsi
@@ -46,7 +47,7 @@ sites:
     template: gsi.sh.j2
     image: /images/pilot.sif
     pilot: {{cpus: 4, memory_mb: 8000, walltime_s: 3600}}
-""", "t.yaml")
+{site_extra}""", "t.yaml")
 
 
 @given(st.from_regex(r"[a-z][a-z0-9_-]{0,20}", fullmatch=True))
@@ -271,20 +272,11 @@ def test_status_and_metrics_name_a_refused_token_of_a_submitted_pilot_and_a_fore
 
 def test_a_configuration_with_the_shared_pilot_token_loads_and_names_the_field(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    old = f"""
-templates_dir: {REPO}/slurm_templates
-pool: {{collector: "cm:9618", pilot_token_file: /etc/provisioner/pilot.token}}
-sites:
-  - name: gsi
-    max_walltime_s: 7200
-    template: gsi.sh.j2
-    image: /images/pilot.sif
-    pilot: {{cpus: 4, memory_mb: 8000, walltime_s: 3600}}
-    runtime: {{token_file: /etc/provisioner/pilot.token}}
-"""
     with caplog.at_level("WARNING"):
-        cfg = parse_config(old, "old.yaml")
-    assert cfg.pilot_tokens.signing_key == "/etc/provisioner/pilot-keys/pilot-1"
+        cfg = config(tmp_path, pool_extra=", pilot_token_file: /etc/provisioner/pilot.token",
+                     site_extra="    runtime: {token_file: /etc/provisioner/pilot.token}\n")
+    assert not hasattr(cfg.pool, "pilot_token_file")
+    assert not hasattr(cfg.sites[0].runtime, "token_file")
     said = caplog.text
     assert "pool.pilot_token_file is no longer used" in said
     assert "sites[].runtime.token_file is no longer used" in said
