@@ -106,7 +106,8 @@ def cmd_status(config: Config, as_json: bool) -> int:
     snap = replace(snap, demand=stuck.mark(snap.demand))
     st = gather(config, snap, now, breakers_of(j), j.get("flagged", {}) or {},
                 j.pilots(since=now - 86400.0), j.get("last_cycle"), learnt.get("estimates"),
-                limits=j.get("limits") or {}, journal_fault=fault)
+                limits=j.get("limits") or {}, journal_fault=fault,
+                tokens=j.get("pilot_tokens"))
     print(json.dumps(st, indent=2, sort_keys=True) if as_json
           else render(st, tty=sys.stdout.isatty()))
     return 0

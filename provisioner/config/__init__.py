@@ -44,14 +44,15 @@ from provisioner.config.site import (
     SlurmSiteBase,
     SshExecutorConfig,
 )
+from provisioner.config.tokens import PilotTokensConfig
 
 __all__ = [
     "ACCOUNT_PATTERN", "ATTRIBUTE_NAME_PATTERN", "BACKEND_SETTINGS", "GPU_DISCOVERY_OPTION",
     "GPU_TYPE_PATTERN", "HOST_PATTERN", "KNOWN_BACKENDS", "PATH_PATTERN", "SCHEDD_NAME_PATTERN",
     "SITE_NAME_PATTERN", "AnySite", "BreakerConfig", "CapsConfig", "Config", "ConfigError",
     "ExecutorConfig", "LocalExecutorConfig", "MetricsConfig", "PilotAdConfig",
-    "PilotRuntimeConfig", "PilotShapeConfig", "PlacementConfig", "PolicyConfig", "PoolConfig",
-    "ReserveConfig", "RestConfig", "RestSiteConfig", "SiteBase", "SiteConfig", "SlurmSite",
-    "SlurmSiteBase", "SshExecutorConfig", "field_location",
+    "PilotRuntimeConfig", "PilotShapeConfig", "PilotTokensConfig", "PlacementConfig",
+    "PolicyConfig", "PoolConfig", "ReserveConfig", "RestConfig", "RestSiteConfig", "SiteBase",
+    "SiteConfig", "SlurmSite", "SlurmSiteBase", "SshExecutorConfig", "field_location",
     "load_config", "parse_config",
 ]

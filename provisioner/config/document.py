@@ -11,12 +11,14 @@ from provisioner.config.base import PATH_PATTERN, _Model
 from provisioner.config.policy import PolicyConfig
 from provisioner.config.pool import MetricsConfig, PoolConfig
 from provisioner.config.site import AnySite, SlurmSite
+from provisioner.config.tokens import PilotTokensConfig
 
 
 class Config(_Model):
     pool: PoolConfig = PoolConfig()
     metrics: MetricsConfig = MetricsConfig()
     policy: PolicyConfig = PolicyConfig()
+    pilot_tokens: PilotTokensConfig = PilotTokensConfig()
     #: Directory of the pilot batch-script templates; None = slurm_templates/ of this project.
     templates_dir: str | None = Field(default=None, pattern=PATH_PATTERN)
     #: SQLite journal (audit trail and cache, never the only copy); "" = none.

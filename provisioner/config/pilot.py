@@ -8,7 +8,12 @@ from typing import Annotated, Any
 from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from provisioner.config.base import ATTRIBUTE_NAME_PATTERN, PATH_PATTERN, _Model
+from provisioner.config.base import (
+    ATTRIBUTE_NAME_PATTERN,
+    PATH_PATTERN,
+    _Model,
+    drop_deprecated,
+)
 
 
 class PilotShapeConfig(_Model):
@@ -77,7 +82,6 @@ class PilotRuntimeConfig(_Model):
 
     python: str = Field(default="/opt/venv/bin/python", pattern=PATH_PATTERN)
     condor_config: str = Field(default="/etc/provisioner/pilot.conf", pattern=PATH_PATTERN)
-    token_file: str = Field(default="/etc/provisioner/pilot.token", pattern=PATH_PATTERN)
     scratch: str = Field(default="", pattern=r"^(|/[A-Za-z0-9_./+@%=,-]*)$")  # "" = $TMPDIR
     log_dir: str = Field(default="", pattern=r"^(|/[A-Za-z0-9_./+@%=,-]*)$")  # "" = no copy
     #: Directories of the node that jobs see inside the pilot's container at the same
@@ -103,6 +107,11 @@ class PilotRuntimeConfig(_Model):
     #: (0..6, see ``condor_gpu_discovery -help``): for a testbed; the pilot's slot still
     #: takes only the GPUs it was given (`pilot.gpus`). Used only by pilots with GPUs.
     gpu_discovery_extra: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_shared_pilot_token(cls, value: Any) -> Any:
+        return drop_deprecated(value, "sites[].runtime.token_file", "token_file")
 
     @field_validator("gpu_discovery_extra")
     @classmethod

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from provisioner.config.base import SCHEDD_NAME_PATTERN, _Model
+from provisioner.config.base import SCHEDD_NAME_PATTERN, _Model, drop_deprecated
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,6 @@ class PoolConfig(_Model):
     #: are gone by then anyway.
     schedd_gone_s: float = Field(default=2400.0, ge=0)
     token_file: str = "/etc/provisioner/tokens.d/provisioner"
-    pilot_token_file: str = "/etc/provisioner/pilot.token"
     provisioner_id: str = Field(default="prov-1", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     #: The pool's UID_DOMAIN: identities are user@uid_domain (pilot@, provisioner@).
     uid_domain: str = Field(default="testbed", pattern=r"^[A-Za-z0-9][A-Za-z0-9.-]*$")
@@ -36,6 +35,11 @@ class PoolConfig(_Model):
     #: of this host's HTCondor configuration if set and its directory is here (the service
     #: runs beside the schedd), else off; "off"; or the log's absolute path.
     event_log: str = "auto"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_shared_pilot_token(cls, value: Any) -> Any:
+        return drop_deprecated(value, "pool.pilot_token_file", "pilot_token_file")
 
     @model_validator(mode="after")
     def _schedd_alias(self) -> PoolConfig:

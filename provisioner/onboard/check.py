@@ -23,7 +23,7 @@ from pathlib import Path
 from provisioner.config import Config, SiteConfig, SshExecutorConfig
 from provisioner.errors import BackendError
 from provisioner.onboard.discover import slurm_env
-from provisioner.onboard.table import Check, failed, passed, skipped
+from provisioner.onboard.table import Check, failed, passed, skipped, warned
 from provisioner.pilot.script import TemplateError, render_pilot_script
 from provisioner.service.secrets import check_secret_files
 from provisioner.sites import make_executor
@@ -32,11 +32,8 @@ from provisioner.sites.executor import Executor, SshExecutor
 from provisioner.sites.slurm_cli import SlurmCliBackend
 
 #: What the service runs on a login node (slurm_cli: sbatch, squeue, scancel, head,
-#: find) and what this check uses there (scontrol, stat, test).
+#: find) and what this check uses there (scontrol, stat; and test, id).
 REMOTE_COMMANDS = ("sbatch", "squeue", "scancel", "scontrol", "head", "find", "stat")
-#: Prints the names of the commands it is given that the remote PATH lacks (a fixed
-#: script; the names come as arguments, never as shell text).
-_WHICH = 'for c in "$@"; do command -v "$c" >/dev/null 2>&1 || echo "$c"; done'
 _HOST_KEY = re.compile(r"host key|host identification", re.I)
 _KEY_REFUSED = re.compile(r"refused for key|Permission denied", re.I)
 
@@ -106,13 +103,34 @@ def account_check(index: int, site: SiteConfig, rc: int, stdout: str) -> Check:
 
 
 def commands_check(executor: Executor) -> Check:
-    result = executor.run(["sh", "-c", _WHICH, "sh", *REMOTE_COMMANDS],
-                          {"PATH": "/usr/local/bin:/usr/bin:/bin"})
-    missing = result.stdout.split()
-    if result.returncode != 0 or missing:
-        return failed("remote commands", f"missing: {' '.join(missing) or result.stderr}",
-                      "install the SLURM client commands on the login node", "ssh")
+    """Each command the service runs there answers `--version` (no shell is asked for:
+    a forced-command gate allows exactly these)."""
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
+    missing = [c for c in REMOTE_COMMANDS
+               if executor.run([c, "--version"], env).returncode != 0]
+    if missing:
+        return failed("remote commands", f"missing or refused: {' '.join(missing)}",
+                      "install the SLURM client commands on the login node (and allow "
+                      "`--version` in its forced-command gate)", "ssh")
     return passed("remote commands", " ".join(REMOTE_COMMANDS), "ssh")
+
+
+#: A command the service never runs: if it runs, the key is not behind a gate.
+GATE_PROBE = ("echo", "provisioner-gate-probe")
+
+
+def gate_check(executor: Executor) -> Check:
+    """Whether the SSH key runs anything (a warning: a key that runs any command is the
+    pilot account at the site for whoever takes it; deploy/site-gate/ narrows it)."""
+    result = executor.run(list(GATE_PROBE), {"PATH": "/usr/bin:/bin"})
+    if result.returncode == 0 and result.stdout.strip() == GATE_PROBE[1]:
+        return warned("key restricted", "the key runs any command as the pilot account "
+                      "(a shell, `cat`, anything)", "have the site install "
+                      "deploy/site-gate/provisioner-gate as the key's forced command "
+                      "(docs/security.md)", "ssh")
+    return passed("key restricted", "an arbitrary command is refused: "
+                  + (" ".join(result.stderr.split())[:120] or f"exit {result.returncode}"),
+                  "ssh")
 
 
 _SBATCH_FIXES = (

@@ -27,6 +27,7 @@ from provisioner.onboard.probe import Limits, Probe
 from provisioner.onboard.restcheck import image_row, rest_checks
 from provisioner.onboard.restinfo import read_live_rest
 from provisioner.onboard.table import Check, as_json, failed, render, site_ok, skipped
+from provisioner.security.tokens import check_key
 from provisioner.sites import pilot_settings, rest_client
 from provisioner.sites.executor import Executor
 from provisioner.sites.slurm_cli import SlurmCliBackend
@@ -69,6 +70,8 @@ def _login(config: Config, index: int, site: SiteConfig, executor: Executor) -> 
         rows = [check.account_check(index, site, result.returncode, result.stdout)]
     if all(r.ok is not False for r in rows):
         rows.append(check.commands_check(executor))
+        if isinstance(site.executor, SshExecutorConfig):
+            rows.append(check.gate_check(executor))
     return rows
 
 
@@ -189,7 +192,10 @@ def _read_live(config: Config, index: int, control_dir: str) -> Live:
 def live_differences(config: Config) -> int:
     """`check-config --live`: every field of every site block that differs from SLURM."""
     control_dir = check.private_dir()
-    problems = 0
+    key_problem = check_key(config.pilot_tokens.signing_key)
+    print(f"pilot_tokens.signing_key {config.pilot_tokens.signing_key}: "
+          + (key_problem or "usable by this account only"))
+    problems = 1 if key_problem else 0
     try:
         for i, site in enumerate(config.sites):
             try:

@@ -2,8 +2,8 @@
 
 Writes a commented configuration skeleton (never over an existing one), creates the
 directory layout with its owners and modes, and prints the commands left to run (the
-pool tokens and the SSH key, which need the central manager's signing key and the
-sites' admins). It creates no secret itself. Runs as root to set owners; otherwise
+service's token, the pilots' signing key and the SSH key, which need the central
+manager and the sites' admins). It creates no secret itself. Runs as root to set owners; otherwise
 the files are the caller's own.
 """
 
@@ -32,6 +32,7 @@ class Entry:
 LAYOUT = (
     Entry(".", 0o755, False),
     Entry("tokens.d", 0o700, True),
+    Entry("pilot-keys", 0o700, True),
     Entry("ssh", 0o700, True),
 )
 
@@ -46,6 +47,10 @@ pool:
   provisioner_id: prov-1                  # pilots carry it in their job name and ad
   uid_domain: example.org                 # identities are user@uid_domain
 journal: /var/lib/provisioner/journal.sqlite
+# Each pilot gets its own token, minted at submit with this key (docs/security.md).
+pilot_tokens:
+  signing_key: {dir}/pilot-keys/pilot-1
+  live_list: /var/lib/provisioner/pilot-tokens.live
 # templates_dir: {dir}/slurm_templates   # a site's own batch scripts (default: the
 #                                         # templates shipped in the package)
 sites:
@@ -104,13 +109,16 @@ def next_steps(directory: Path, owner: str) -> str:
 Left to do (none of these secrets is made by init):
 1. On the central manager (with the pool's signing key), the service's token:
      condor_token_create -identity provisioner@DOMAIN -authz READ -authz WRITE \\
-       -authz DAEMON > {d}/tokens.d/provisioner
+       -authz DAEMON -authz ADMINISTRATOR > {d}/tokens.d/provisioner
      chown {owner}: {d}/tokens.d/provisioner && chmod 600 {d}/tokens.d/provisioner
-   and the pilots' token, to install at each site readable by the pilot account only:
-     condor_token_create -identity pilot@DOMAIN -authz READ -authz ADVERTISE_MASTER \\
-       -authz ADVERTISE_STARTD -authz DAEMON > pilot.token
-   (central manager configuration: {cm}/central-manager.conf; the pilots':
-   {cm}/pilot.conf at each site's runtime.condor_config)
+   and the key the service signs each pilot's own token with (no site holds a pool
+   token: docs/security.md), one copy for the service, one for the collector only:
+     (umask 077; head -c 64 /dev/urandom > {d}/pilot-keys/pilot-1)
+     chown {owner}: {d}/pilot-keys/pilot-1
+     install -m 0600 -D {d}/pilot-keys/pilot-1 /etc/condor/pilot-keys.d/pilot-1
+   (central manager configuration: {cm}/central-manager.conf, with the include of
+   the live pilot tokens it describes; the pilots': {cm}/pilot.conf at each site's
+   runtime.condor_config)
 2. The SSH key the sites authorise for their pilot account:
      runuser -u {owner} -- ssh-keygen -t ed25519 -N "" -f {d}/ssh/id_ed25519
    send {d}/ssh/id_ed25519.pub to each site (authorized_keys, prefixed `restrict`);

@@ -25,7 +25,9 @@ from provisioner.onboard.probeio import CliProbeIO, ProbeIO, RestProbeIO, troubl
 from provisioner.onboard.table import Check, failed, passed, skipped
 from provisioner.pilot.containers import RUNNING
 from provisioner.pilot.endrecord import REASONS
-from provisioner.pilot.script import render_pilot_script
+from provisioner.pilot.script import NO_TOKEN, render_pilot_script
+from provisioner.security.tokens import TokenError
+from provisioner.service.pilot_tokens import CHECK_LIST, PilotTokens
 from provisioner.sites.base import PilotRequest
 from provisioner.sites.slurm_cli import SlurmCliBackend
 from provisioner.sites.slurm_rest import SlurmRestBackend
@@ -104,6 +106,8 @@ class Probe:
     def __post_init__(self) -> None:
         self.io = (RestProbeIO(self.backend) if isinstance(self.backend, SlurmRestBackend)
                    else CliProbeIO(self.backend, self.site.name, self.site.runtime.log_dir))
+    #: Mints the probe's token and revokes it (None: the service's, provisioner.security).
+    tokens: PilotTokens | None = None
 
     @property
     def constraint(self) -> str:
@@ -113,11 +117,15 @@ class Probe:
     def _job_constraint(self, job_id: str) -> str:
         return f'{self.constraint} && PilotSlurmJobId == "{job_id}"'
 
-    def request(self) -> PilotRequest:
+    @property
+    def walltime_s(self) -> int:
+        return max(self.limits.walltime_s, self.site.pilot.shutdown_margin_s + 300)
+
+    def request(self, token: str = NO_TOKEN) -> PilotRequest:
         cfg = self.config.model_copy(update={"pool": self.config.pool.model_copy(
             update={"provisioner_id": self.backend.provisioner_id})})
-        wall = max(self.limits.walltime_s, self.site.pilot.shutdown_margin_s + 300)
-        script = probe_script(render_pilot_script(cfg, self.site, wall, 0))
+        wall = self.walltime_s
+        script = probe_script(render_pilot_script(cfg, self.site, wall, 0, token=token))
         return PilotRequest(cpus=1, memory_mb=self.site.pilot.memory_per_cpu_mb,
                             walltime_s=wall, shutdown_margin_s=self.site.pilot.shutdown_margin_s,
                             script=script)
@@ -156,8 +164,20 @@ class Probe:
     def run(self) -> list[Check]:
         """Submit, follow, release and cancel the probe; its rows in order."""
         start = self.clock()
+        tokens = self.tokens or PilotTokens(self.config, list_suffix=CHECK_LIST)
         try:
-            job_id = self.backend.submit(self.request())
+            token = tokens.issue(self.site.name, self.walltime_s, 1)[0]
+        except TokenError as exc:
+            return [failed("probe submitted", f"no pilot token: {exc}",
+                           "see pilot_tokens (docs/security.md)", P)]
+        try:
+            return self._run(token.text, start)
+        finally:
+            tokens.unused([token])  # the probe is gone: its token with it
+
+    def _run(self, token: str, start: float) -> list[Check]:
+        try:
+            job_id = self.backend.submit(self.request(token))
         except (BackendError, ProbeScriptError) as exc:
             return [failed("probe submitted", str(exc), f"see sites[{self.index}] "
                            "(partition, account, qos) and the message", P)]

@@ -1,7 +1,8 @@
 """The check table `provisioner site check` prints: one row per check (pure).
 
-A row is passed (✔), failed (✗, with the fix) or not checked (-, with why: an
-earlier check failed, or it was not asked for). A site passes when no row failed.
+A row is passed (✔), passed with a warning (!, with what to do), failed (✗, with the
+fix) or not checked (-, with why: an earlier check failed, or it was not asked for).
+A site passes when no row failed.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
-PASS, FAIL, SKIP = "✔", "✗", "-"
+PASS, FAIL, SKIP, WARN = "✔", "✗", "-", "!"
 
 
 @dataclass(frozen=True)
@@ -23,10 +24,12 @@ class Check:
     found: str
     fix: str = ""
     seconds: float | None = None
+    warning: bool = False  # passed, but a site admin should act (`fix` says how)
 
     @property
     def mark(self) -> str:
-        return SKIP if self.ok is None else PASS if self.ok else FAIL
+        return SKIP if self.ok is None else (WARN if self.warning else PASS) if self.ok \
+            else FAIL
 
 
 def passed(name: str, found: str, section: str, seconds: float | None = None) -> Check:
@@ -36,6 +39,11 @@ def passed(name: str, found: str, section: str, seconds: float | None = None) ->
 def failed(name: str, found: str, fix: str, section: str,
            seconds: float | None = None) -> Check:
     return Check(section, name, False, found, fix, seconds)
+
+
+def warned(name: str, found: str, fix: str, section: str) -> Check:
+    """Passed (the site works) but unsafe: `fix` says what the site admin should do."""
+    return Check(section, name, True, found, fix, warning=True)
 
 
 def skipped(name: str, why: str, section: str) -> Check:
@@ -49,7 +57,7 @@ def site_ok(checks: Iterable[Check]) -> bool:
 def _row(c: Check, width: int) -> list[str]:
     took = f" ({c.seconds:.1f} s)" if c.seconds is not None else ""
     lines = [f"  {c.mark} {c.name.ljust(width)}  {c.found}{took}"]
-    if c.ok is False and c.fix:
+    if (c.ok is False or c.warning) and c.fix:
         lines.append(f"    {' ' * width}  fix: {c.fix}")
     return lines
 

@@ -7,14 +7,17 @@ time); the configuration of this one pilot follows from them and its work direct
 
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from provisioner.data.xcache import proxy_environment
 from provisioner.pilot import testcache
 from provisioner.pilot.containers import config_string
 from provisioner.pilot.workfiles import JOB_WRAPPER, TRANSFER_PLUGIN
+from provisioner.security.tokens import IDENTITY_USER, TOKEN_TEXT, claims
 
 
 class PilotError(Exception):
@@ -28,7 +31,6 @@ class PilotParams:
     collector: str
     uid_domain: str
     image: str
-    token_file: Path
     condor_config: Path
     job_id: str
     cpus: int
@@ -52,11 +54,52 @@ class PilotParams:
     start_slots: int = 0
     #: When SLURM started the job (SLURM_JOB_START_TIME), if SLURM says.
     slurm_start: float | None = None
+    #: This pilot's own IDTOKEN (read from PILOT_TOKEN_FD by `read_token`).
+    token: str = field(default="", repr=False)
+
+    @property
+    def identity_user(self) -> str:
+        """The user part of the token's identity (pilot-<site>-<serial>), "" if none."""
+        if not self.token:
+            return ""
+        sub = str(claims(self.token).get("sub", ""))
+        return sub.split("@", 1)[0]
 
     @property
     def name(self) -> str:
-        """Daemon name of this pilot's master and startd (unique per site job)."""
-        return f"pilot-{self.site}-{self.job_id}@{socket.gethostname()}"
+        """Daemon name of this pilot's master and startd (unique per site job):
+        ``pilot-<site>-<job>@<identity>.<host>``; the collector accepts the ads of a
+        pilot token only under the name of that token's identity."""
+        host = socket.gethostname()
+        if self.identity_user:
+            host = f"{self.identity_user}.{host}"
+        return f"pilot-{self.site}-{self.job_id}@{host}"
+
+
+def read_token(env: dict[str, str]) -> str:
+    """The pilot's token from the descriptor PILOT_TOKEN_FD (the batch script's
+    here-document), read to its end and closed."""
+    raw = _env(env, "PILOT_TOKEN_FD")
+    if not raw.isdigit() or int(raw) < 3:
+        raise PilotError(f"PILOT_TOKEN_FD={raw!r} is not a descriptor above 2")
+    fd = int(raw)
+    chunks = []
+    try:
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    except OSError as exc:
+        raise PilotError(f"the pilot's token cannot be read from descriptor {fd}: "
+                         f"{exc}") from None
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    token = b"".join(chunks).decode("ascii", "replace").strip()
+    if not TOKEN_TEXT.match(token):
+        raise PilotError(f"descriptor {fd} holds no pilot token")
+    user = str(claims(token).get("sub", "")).split("@", 1)[0]
+    if not IDENTITY_USER.match(user):
+        raise PilotError(f"the pilot's token is not a pilot identity ({user!r})")
+    return token
 
 
 def _env(env: dict[str, str], key: str) -> str:
@@ -94,7 +137,6 @@ def params_from_env(env: dict[str, str], now: float) -> PilotParams:
         collector=_env(env, "PILOT_COLLECTOR"),
         uid_domain=_env(env, "PILOT_UID_DOMAIN"),
         image=_env(env, "PILOT_IMAGE"),
-        token_file=Path(_env(env, "PILOT_TOKEN_FILE")),
         condor_config=Path(_env(env, "PILOT_CONDOR_CONFIG")),
         job_id=_env(env, "SLURM_JOB_ID"),
         cpus=cpus,

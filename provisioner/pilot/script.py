@@ -24,6 +24,7 @@ from pathlib import Path
 import jinja2
 
 from provisioner.config import Config, SiteBase
+from provisioner.security.tokens import TOKEN_TEXT
 
 #: Where slurm_templates/ is looked for when the config does not say (templates_dir
 #: overrides): the package data of an installed wheel, then a source checkout (beside
@@ -83,12 +84,20 @@ def _environment(directory: Path) -> jinja2.Environment:
     return env
 
 
+#: Stands in for a token where a script is rendered only to be checked.
+NO_TOKEN = "x.y.z"
+
+
 def render_pilot_script(config: Config, site: SiteBase, walltime_s: int,
-                        gpus: int = 0, start_slot: int = 0, start_slots: int = 1) -> str:
+                        gpus: int = 0, start_slot: int = 0, start_slots: int = 1,
+                        token: str = NO_TOKEN) -> str:
     """The batch script of one pilot at `site` that asks SLURM for `gpus` GPUs, the
     `start_slot`-th of `start_slots` submitted together (their starts are spread over
-    `runtime.start_delay_max_s`, the first starts at once); jinja2 errors name the
+    `runtime.start_delay_max_s`, the first starts at once), carrying its `token` (the
+    script goes to sbatch on its stdin, never into a file); jinja2 errors name the
     template."""
+    if not TOKEN_TEXT.match(token):
+        raise ValueError("a pilot token must be three base64url parts")
     rt = site.runtime
     env = _environment(templates_dir(config))
     template = env.get_template(site.template)
@@ -98,7 +107,7 @@ def render_pilot_script(config: Config, site: SiteBase, walltime_s: int,
         collector=config.pool.collector,
         uid_domain=config.pool.uid_domain,
         image=site.image,
-        pilot_token_file=rt.token_file,
+        pilot_token=token,
         pilot_condor_config=rt.condor_config,
         python=rt.python,
         walltime_s=walltime_s,

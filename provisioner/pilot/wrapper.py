@@ -32,11 +32,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from provisioner.pilot import boot, endrecord, workfiles
+from provisioner.pilot import boot, endrecord, leftovers, workfiles
 from provisioner.pilot.containers import LOADER_VARIABLES
 from provisioner.pilot.nested import ContainerSteps
 from provisioner.pilot.params import (
@@ -45,6 +45,7 @@ from provisioner.pilot.params import (
     container_env,
     local_config,
     params_from_env,
+    read_token,
 )
 from provisioner.pilot.procs import end_all_below, has_ended, starters_below, watchable
 
@@ -73,10 +74,13 @@ def _under(path: str, dirs: tuple[str, ...]) -> bool:
 
 def prepare(p: PilotParams) -> tuple[Path, Path]:
     """Create the private work directory; returns (workdir, condor_config file)."""
-    if not p.token_file.is_file():
-        raise PilotError(f"pilot token file {p.token_file} is missing")
+    if not p.token:
+        raise PilotError("the pilot has no token")
     if not p.condor_config.is_file():
         raise PilotError(f"pilot HTCondor configuration {p.condor_config} is missing")
+    live = leftovers.live_job_ids(dict(os.environ))
+    if live is not None:
+        leftovers.remove_stale(p.scratch, p.site, p.job_id, live)
     workdir = p.scratch / f"pilot-{p.site}-{p.job_id}"
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(mode=0o700, parents=True)
@@ -89,8 +93,8 @@ def prepare(p: PilotParams) -> tuple[Path, Path]:
         raise PilotError(str(exc)) from None
     token = workdir / "tokens.d" / "pilot"
     fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(p.token_file.read_bytes())
+    with os.fdopen(fd, "w") as f:
+        f.write(p.token + "\n")
     config = workdir / "condor_config"
     config.write_text(p.condor_config.read_text() + "\n# --- this pilot ---\n"
                       + local_config(p, workdir))
@@ -343,6 +347,7 @@ def run_pilot(ending: Ending, started: float) -> int:
         os.environ.pop(key, None)
     try:
         params = params_from_env(dict(os.environ), time.time())
+        params = replace(params, token=read_token(dict(os.environ)))
     except PilotError as exc:
         log.error("%s", exc)
         ending.reason = "bad-environment"

@@ -40,7 +40,7 @@ SLOT_ATTRS = ["Name", "Machine", "PilotSite", "PilotSlurmJobId",
               "PilotWalltimeEnd", "PartitionableSlot", "DynamicSlot", "State", "Activity",
               "Cpus", "Memory", "GPUs", "TotalSlotCpus", "TotalSlotMemory", "TotalSlotGPUs",
               "Draining", "HasContainer",
-              "DaemonStartTime", "MyType", "CondorVersion", "Start"]
+              "DaemonStartTime", "MyType", "CondorVersion", "Start", "AuthenticatedIdentity"]
 
 #: Job statuses that hold a claim on a pilot: running (2), transferring output (6),
 #: suspended (7).
@@ -65,6 +65,9 @@ class PilotAd:
     free_gpus: int = 0  # of which not in a dynamic slot
     started_at: float | None = None  # the startd's DaemonStartTime
     containers: bool = False  # it advertises container support (HasContainer)
+    #: Who advertised it, as the collector authenticated them (AuthenticatedIdentity of
+    #: every partitionable slot that names this pilot: more than one is a forgery).
+    identities: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -236,6 +239,7 @@ def pilot_ads_of(slot_ads: Iterable[Any]) -> dict[str, PilotAd]:
     pslots: dict[str, Any] = {}
     claimed: Counter[str] = Counter()
     dslot_gpus: Counter[str] = Counter()
+    idents: dict[str, set[str]] = {}
     for ad in slot_ads:
         site, job = _str(ad, "PilotSite"), _str(ad, "PilotSlurmJobId")
         if not site or not job:
@@ -243,6 +247,7 @@ def pilot_ads_of(slot_ads: Iterable[Any]) -> dict[str, PilotAd]:
         key = f"{site}/{job}"
         if ad.get("PartitionableSlot") is True:
             pslots[key] = ad
+            idents.setdefault(key, set()).add(_str(ad, "AuthenticatedIdentity"))
             continue
         if _str(ad, "State") == "Claimed":
             claimed[key] += 1
@@ -270,5 +275,6 @@ def pilot_ads_of(slot_ads: Iterable[Any]) -> dict[str, PilotAd]:
             free_gpus=free_gpus,
             started_at=float(daemon_start) if daemon_start > 0 else None,
             containers=ad.get("HasContainer") is True,
+            identities=tuple(sorted(idents[key])),
         )
     return out

@@ -27,7 +27,7 @@ from provisioner.config import Config
 from provisioner.decide.backoff import SiteBackoff
 from provisioner.decide.cadence import Probe, gap_holds
 from provisioner.decide.controller import Controller, PoolView, QueueSize
-from provisioner.errors import BackendError
+from provisioner.errors import BackendError, Transient
 from provisioner.model import (
     Cancel,
     Demand,
@@ -58,12 +58,14 @@ from provisioner.pool.pilot_view import (
 )
 from provisioner.pool.prototype import SiteMatcher
 from provisioner.pool.submit_events import EventLogFollower, Wakeup, resolve_path
+from provisioner.security.tokens import PilotToken, TokenError
 from provisioner.service.cycle import CycleResult, Observation
 from provisioner.service.cycle_text import action_target, breakers_of, describe, summary_line
 from provisioner.service.journal import Journal
 from provisioner.service.journal_health import WAITING, JournalHealth
 from provisioner.service.ledger import Ledger
 from provisioner.service.metrics import Metrics, MetricsError, circuit_codes, limit_codes
+from provisioner.service.pilot_tokens import PilotTokens
 from provisioner.service.publish import Publisher
 from provisioner.service.submitter import refusal_kind, submit_all
 from provisioner.service.ticker import decide, tick
@@ -114,6 +116,7 @@ class Provisioner:
         self.wakeup = Wakeup()  # an early quick check, asked for by the event log follower
         # why each shape waits, advertised for `provisioner why` (not by a fake pool)
         self.publisher = Publisher(config, getattr(self.pool, "htcondor", None), self.metrics)
+        self.tokens = PilotTokens(config)  # each pilot's own token (provisioner.security)
 
     def _open_journal(self) -> Journal:
         """The configured journal, or, if it cannot be opened (a corrupt file, no
@@ -255,22 +258,30 @@ class Provisioner:
         backend = self.backends[action.site]
         ids: list[str] = []
         error: BackendError | None = None
+        tokens: list[PilotToken] = []
         try:
-            for i in range(action.count):
+            tokens = self.tokens.issue(action.site, action.walltime_s, action.count)
+            for i, token in enumerate(tokens):
                 # pilots sent together spread their starts; the first starts at once
                 script = render_pilot_script(self.config, site, action.walltime_s,
-                                             action.gpus, i, action.count)
+                                             action.gpus, i, action.count, token.text)
                 ids.append(backend.submit(PilotRequest(
                     cpus=action.cpus, memory_mb=action.memory_mb,
                     walltime_s=action.walltime_s,
                     shutdown_margin_s=site.pilot.shutdown_margin_s, script=script,
-                    gpus=action.gpus)))
+                    gpus=action.gpus,
+                    deadline_s=self.tokens.deadline_s(action.walltime_s))))
+                self.tokens.bound(token, ids[-1])
+        except TokenError as exc:  # retried (status says why meanwhile)
+            error = Transient(str(exc))
+            log.error("no pilot submitted at %s: %s", action.site, exc)
         except BackendError as exc:
             error = exc
             self.metrics.refused(action.site, refusal_kind(exc))
             log.error("submission at %s stopped after %d of %d: %s", action.site, len(ids),
                       action.count, exc)
         finally:
+            self.tokens.unused(tokens[len(ids):])
             if ids:  # followed by the circuit breaker from now on
                 self.controller.submitted(f"{action.site}/{i}" for i in ids)
                 self.metrics.count("pilots_submitted", action.site, len(ids))
@@ -314,6 +325,8 @@ class Provisioner:
     def _cancel(self, action: Cancel, _fresh: Fresh) -> str:
         pending = action.pilot.state is PilotState.PENDING
         self.backends[action.pilot.site].cancel(action.pilot.job_id, only_pending=pending)
+        if not pending:  # one that started meanwhile runs on: its token with it
+            self.tokens.cancelled(action.pilot.site, action.pilot.job_id)
         self.metrics.count("pilots_cancelled", action.pilot.site)
         return "cancelled if still pending" if pending else "cancelled"
 
@@ -351,6 +364,7 @@ class Provisioner:
             site, job_id = key.split("/", 1)
             try:
                 self.backends[site].cancel(job_id)
+                self.tokens.cancelled(site, job_id)
                 out.append((f"cancel {key}", "startd gone after release; job cancelled"))
                 self.controller.cancelled(key)
                 self.metrics.count("pilots_cancelled", site)
@@ -404,6 +418,7 @@ class Provisioner:
         t2 = time.monotonic()
         if not dry_run:
             cycle.outcomes = self.act(obs, result)
+            self.tokens.observed(obs.jobs, now)  # the tokens of pilots SLURM no longer lists
         t3 = time.monotonic()
         cycle.timings = {**decided.timings, "act": t3 - t2}
         line = summary_line(cycle)
@@ -455,6 +470,7 @@ class Provisioner:
             kind = text.split(" ", 1)[0]
             site, job_id = action_target(text)
             self.journal.action(cid, kind, site, job_id, text, outcome)
+        self.journal.put("pilot_tokens", self.tokens.report(obs.ads, self.metrics))
         self.journal.put("flagged", self.flagged)
         self.journal.put("controller", self.controller.state())
         self.journal.put("breakers", self.controller.breakers.snapshot(now))

@@ -91,6 +91,15 @@ SERIES: dict[str, tuple[str, tuple[str, ...], str]] = {
                                      "Pilot lead time in SLURM: submit -> start"),
     P + "pilot_boot_seconds": ("histogram", ("site",),
                                "Pilot lead time booting: start -> first seen in the pool"),
+    P + "pilot_tokens_live": ("gauge", (), "Pilot tokens the collector accepts now (minted, "
+                              "their pilot not yet seen ending)"),
+    P + "pilot_tokens_revoked_total": ("counter", (), "Pilot tokens revoked: the pilot left "
+                                       "SLURM, was cancelled, never got its sbatch, expired"),
+    P + "pilot_ads_foreign": ("gauge", (), "Pilot ads in the collector advertised by another "
+                              "identity than the one minted for that pilot"),
+    P + "collector_refusals_total": ("counter", ("kind",), "What the collector refused, from "
+                                     "its log: ad (not the sender's own), revoked or "
+                                     "expired (a token)"),
 }
 
 PHASE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -279,6 +288,16 @@ class Metrics:
         for site, (allocated, claimed) in gpu_hours(ended, runs).items():
             self._metric("gpu_hours_allocated_total", site=site).inc(allocated)
             self._metric("gpu_hours_claimed_total", site=site).inc(claimed)
+
+    def tokens(self, *, live: int, revoked: int, refused: Iterable[str], foreign: int
+               ) -> None:
+        """The pilot tokens after a cycle: `refused` holds one kind per refusal."""
+        self._metric("pilot_tokens_live").set(live)
+        if revoked:
+            self._metric("pilot_tokens_revoked_total").inc(revoked)
+        for kind in refused:
+            self._metric("collector_refusals_total", kind=kind).inc()
+        self._metric("pilot_ads_foreign").set(foreign)
 
     def refused(self, site: str, kind: str) -> None:
         """One failed sbatch at `site` of `kind` (limit, config, busy, other)."""

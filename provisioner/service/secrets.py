@@ -1,4 +1,5 @@
-"""Secret files (the pool token, SSH keys) must be private to the service.
+"""Secret files (the pool token, the pilots' signing key, SSH keys) must be private to
+the service.
 
 A token or key readable by others lets anyone act as the provisioner: the
 service refuses to start with one, naming the file and its mode.
@@ -6,6 +7,7 @@ service refuses to start with one, naming the file and its mode.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from pathlib import Path
@@ -44,4 +46,13 @@ def check_secret_files(config: Config, uid: int | None = None) -> list[str]:
         if uid != 0 and st.st_uid != uid:
             problems.append(f"{what}: {path} is owned by uid {st.st_uid}, not by the "
                             f"service's account (uid {uid})")
+    # The pilots' signing key: a missing one stops submissions only (status names it);
+    # one others can read may have been copied: refused, to be rotated.
+    key = config.pilot_tokens.signing_key
+    with contextlib.suppress(OSError):
+        mode = stat.S_IMODE(Path(key).stat().st_mode)
+        if mode & 0o077:
+            problems.append(f"pilot_tokens.signing_key: {key} has mode {mode:04o}: whoever "
+                            f"could read it can mint pilots; rotate it (docs/security.md) "
+                            f"and chmod 600 the new one")
     return problems

@@ -17,7 +17,8 @@ whose last start failed: the starter's error, `provisioner.decide.failed_starts`
 ``flagged`` [pilot keys], ``last_cycle`` {at, age_s, summary, duration_s, actions} or null,
 ``journal`` {path, writable, kind, error, since} (what the running service says of its
 journal, `provisioner.service.journal_health`; not writable also when status cannot
-open it).
+open it), ``pilot_tokens`` {live, revoked_total, problem, foreign [text], refused [text],
+collector_log} or null (the service's last cycle; docs/security.md).
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ def gather(config: Config, snap: Snapshot, now: float, breakers: Mapping[str, st
            last: Mapping[str, Any] | None,
            learnt: Mapping[str, Mapping[str, float]] | None = None,
            limits: Mapping[str, str] | None = None,
-           journal_fault: Mapping[str, Any] | None = None) -> dict[str, Any]:
+           journal_fault: Mapping[str, Any] | None = None,
+           tokens: Mapping[str, Any] | None = None) -> dict[str, Any]:
     cores = cores_by_site(snap.pilots, config.site_names)
     sites = []
     for view in snap.sites:
@@ -115,7 +117,8 @@ def gather(config: Config, snap: Snapshot, now: float, breakers: Mapping[str, st
         "journal": {"path": config.journal, "writable": not journal_fault,
                     "error": str((journal_fault or {}).get("error", "")),
                     "kind": str((journal_fault or {}).get("kind", "")),
-                    "since": (journal_fault or {}).get("since")}}
+                    "since": (journal_fault or {}).get("since")},
+        "pilot_tokens": dict(tokens) if tokens else None}
 
 
 def _table(rows: list[list[str]], header: list[str]) -> list[str]:
@@ -128,6 +131,23 @@ def _dur(s: float | None) -> str:
     if s is None:
         return "-"
     return f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min" if s < 7200 else f"{s / 3600:.1f} h"
+
+
+def tokens_text(t: Mapping[str, Any] | None, bold: Any, red: Any) -> list[str]:
+    """The pilot tokens as the service last saw them (provisioner.service.pilot_tokens)."""
+    if not t:
+        return []
+    out = [bold(f"\nPilot tokens: {t['live']} live, {t['revoked_total']} revoked since "
+                "the service started")]
+    if t.get("problem"):
+        out.append(red(f"  no pilot can be submitted: {t['problem']}"))
+    out += [red(f"  foreign ad: {f}") for f in t.get("foreign", [])]
+    if t.get("refused"):
+        out.append("  refused by the collector lately:")
+        out += [red(f"    {r}") for r in t["refused"]]
+    if t.get("collector_log") and t["collector_log"] != "off":
+        out.append(f"  (collector log not readable, refusals unknown: {t['collector_log']})")
+    return out
 
 
 def render(st: Mapping[str, Any], tty: bool = False) -> str:
@@ -184,6 +204,7 @@ def render(st: Mapping[str, Any], tty: bool = False) -> str:
                     f"{f['failed_starts']} failed start(s)"
                     + (f", {f['cooling']} waiting for the hold" if f["cooling"] else "")
                     + f": {f['reason']}") for f in st["failing_starts"]]
+    out += tokens_text(st.get("pilot_tokens"), bold, red)
     last = st["last_cycle"]
     if last:
         out.append(bold(f"\nLast cycle {_dur(last['age_s'])} ago, took "

@@ -38,6 +38,9 @@ class PilotRequest:
     shutdown_margin_s: int
     script: str
     gpus: int = 0  # GPUs to ask the batch system for (0: none)
+    #: Seconds from now by which the pilot must have ended, or the batch system drops
+    #: it unstarted (its token expires then); 0: no deadline.
+    deadline_s: int = 0
 
 
 @dataclass(frozen=True)

@@ -125,6 +125,8 @@ class SlurmCliBackend:
             argv.append(f"--qos={self.qos}")
         if request.gpus > 0:
             argv.append(self.gpu_option(request.gpus))
+        if request.deadline_s > 0:
+            argv.append(f"--deadline=now+{request.deadline_s}seconds")
         return argv
 
     def gpu_option(self, gpus: int) -> str:

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +64,7 @@ class SlurmRestBackend:
     output_dir: str | None = None
     gpu_request: str = "gres"
     gpu_type: str | None = None
+    clock: Callable[[], float] = time.time  # the deadline's "now"
     _records: dict[str, EndRecord] = field(default_factory=dict, init=False, repr=False)
     _warned: set[str] = field(default_factory=set, init=False, repr=False)
 
@@ -97,6 +99,8 @@ class SlurmRestBackend:
             typed = f"{self.gpu_type}:" if self.gpu_type else ""
             key = "tres_per_job" if self.gpu_request == "gpus" else "tres_per_node"
             job[key] = f"gres/gpu:{typed}{request.gpus}"
+        if request.deadline_s > 0:  # sbatch --deadline=now+S: its token ends then
+            job["deadline"] = int(self.clock()) + request.deadline_s
         return job
 
     def submit(self, request: PilotRequest) -> str:

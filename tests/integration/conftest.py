@@ -53,6 +53,16 @@ WORKERS = {site: [h for h, (_, s, role) in HOSTS.items() if s == site and
                   role.startswith("worker")] for site in SITES}
 
 
+def split_startd(startd: str) -> tuple[str, str]:
+    """A pilot startd's name -> (pilot name, host): "pilot-gsi-7@pilot-gsi-<serial>.gsi-n1"
+    (the pilot's token identity before its host, provisioner.pilot.params) ->
+    ("pilot-gsi-7", "gsi-n1")."""
+    name, host = startd.split("@", 1)
+    if host.startswith("pilot-") and "." in host:
+        host = host.split(".", 1)[1]
+    return name, host
+
+
 def drop_output(host: str, rules: str | None, table: str = "testfault") -> None:
     """A nftables table of its own in testbed host `host`'s network namespace whose
     output chain applies `rules` (e.g. "ip daddr 10.10.0.10 drop"); None removes it."""

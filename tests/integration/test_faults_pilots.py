@@ -24,6 +24,7 @@ from conftest import (
     pilot_processes,
     run,
     slurm,
+    split_startd,
 )
 from faults import assert_completed, assert_converged, running_on, running_service
 from servicectl import (
@@ -89,7 +90,7 @@ def test_pilot_killed_under_a_running_job(service: Service) -> None:
     with SiteWatch() as watch:
         service.start()
         startd = wait_for("a job running", lambda: running_on(cluster), 120)[0]  # type: ignore[index]
-        name, host = startd.split("@")
+        name, host = split_startd(startd)
         key = "/".join(name.removeprefix("pilot-").rsplit("-", 1))
         site, job = key.split("/")
         _right_after_an_update(startd)
@@ -145,7 +146,7 @@ def test_a_container_that_hangs_after_its_master_ended_does_not_hold_the_allocat
         with SiteWatch() as watch:
             service.start()
             startd = wait_for("a job running", lambda: running_on(cluster), 120)[0]  # type: ignore[index]
-            name, host = startd.split("@")
+            name, host = split_startd(startd)
             site, job = name.removeprefix("pilot-").rsplit("-", 1)
             parent = _container_parent(host, name)
             os.kill(parent, signal.SIGSTOP)
@@ -273,7 +274,7 @@ def test_black_hole_site_is_put_behind_a_circuit_breaker() -> None:
 def _admin_drain(startd: str) -> None:
     """The site's admin drains a pilot (graceful, no exit), as the pilot account on
     its node with the pilot's own configuration, like any condor_drain there."""
-    name, host = startd.split("@")
+    name, host = split_startd(startd)
     site, job_id = name.removeprefix("pilot-").rsplit("-", 1)
     workdir = f"/tmp/pilot-{site}-{job_id}"
     run(["apptainer", "-s", "exec", "--cleanenv", "--no-home", "--bind", workdir, "--env",
@@ -313,7 +314,7 @@ def test_worker_link_cut_while_a_job_runs_there(service: Service) -> None:
     with SiteWatch() as watch:
         service.start()
         startd = wait_for("a job running", lambda: running_on(cluster), 120)[0]  # type: ignore[index]
-        name, host = startd.split("@")
+        name, host = split_startd(startd)
         site = "gsi" if host.startswith("gsi") else "frankfurt"
         key = "/".join(name.removeprefix("pilot-").rsplit("-", 1))
         job = key.split("/")[1]
@@ -384,7 +385,7 @@ def test_pilot_killed_by_slurm_right_after_its_jobs_started(service: Service) ->
         running = wait_for("4 jobs running", lambda: len(running_on(cluster)) == 4 and
                            running_on(cluster), 180, step=0.5)
         [startd] = set(running)  # type: ignore[call-overload]
-        name, host = startd.split("@")
+        name, host = split_startd(startd)
         job = name.removeprefix("pilot-").rsplit("-", 1)[1]
         wait_for("their 4 payloads executing", lambda: _payloads_on(host) == 4, 60, step=0.3)
         slurm("gsi", ["scontrol", "update", f"nodename={host}", "state=down",

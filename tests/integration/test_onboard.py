@@ -77,8 +77,10 @@ def onboarded(wheel: Path) -> Path:
     etc = wheel / "etc"
     report = provisioner(wheel, "init", "--dir", str(etc), check=True).stdout
     assert "condor_token_create -identity provisioner@DOMAIN" in report
+    assert "pilot-keys/pilot-1" in report  # the pilots' signing key, for the admin to make
     for src, dest in ((TOKEN, "tokens.d/provisioner"), (f"{SSH}/id_ed25519", "ssh/id_ed25519"),
-                      (f"{SSH}/known_hosts", "ssh/known_hosts"), (JWT, "tokens.d/frankfurt.jwt")):
+                      (f"{SSH}/known_hosts", "ssh/known_hosts"), (JWT, "tokens.d/frankfurt.jwt"),
+                      ("/etc/provisioner/pilot-keys/pilot-1", "pilot-keys/pilot-1")):
         shutil.copy(src, etc / dest)  # stands in for the commands init printed
         run(["chown", f"{SERVICE_USER}:", str(etc / dest)])
         (etc / dest).chmod(0o600)
@@ -129,12 +131,14 @@ def test_from_nothing_to_a_job_with_init_discover_check_run(wheel: Path, config:
     where = provisioner(wheel, "-c", str(config), "check-config", "--live")
     assert where.returncode == 0, where.stdout + where.stderr
     assert "sites[1] (frankfurt): matches the live site" in where.stdout
+    assert "pilot_tokens.signing_key" in where.stdout and "usable" in where.stdout
     checked = provisioner(wheel, "-c", str(config), "site", "check")
     print(checked.stdout)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     for site in SITES:
         assert f"Site {site}: all checks passed" in checked.stdout
     assert checked.stdout.count("✔ reaches the collector") == 2
+    assert checked.stdout.count("✔ key restricted") == 2  # the gate at both sites
     assert "✔ XRootD cache answers" in checked.stdout
     assert "✗" not in checked.stdout
     assert probes_left() == ([], [])

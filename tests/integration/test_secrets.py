@@ -1,9 +1,12 @@
 """No secret in argv, logs, batch scripts or the journal, on any host, while the
 service provisions for real: the pool tokens, the provisioner's SSH key and
-frankfurt's JWT (sent to slurmrestd in a header) are only ever passed by file path."""
+frankfurt's JWT (sent to slurmrestd in a header) are only ever passed by file path;
+each pilot's own token travels only in its batch script (on sbatch's stdin, or in
+the body of slurmrestd's submit request) and lives only in its private work directory."""
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -14,9 +17,10 @@ from conftest import SITES, slurm
 from servicectl import Service, pilot_ids, service_dir, write_config
 from test_loop import clean_pool, jobs_left, submit, wait_for
 
-SECRET_FILES = ("/etc/provisioner/tokens.d/provisioner", "/etc/provisioner/pilot.token",
-                "/etc/condor/tokens.d/condor", "/etc/provisioner/ssh/id_ed25519",
-                "/etc/provisioner/tokens.d/frankfurt.jwt")
+SECRET_FILES = ("/etc/provisioner/tokens.d/provisioner", "/etc/condor/tokens.d/condor",
+                "/etc/provisioner/ssh/id_ed25519", "/etc/provisioner/tokens.d/frankfurt.jwt")
+#: A pilot's token in its batch script (slurm_templates/_pilot.sh.j2).
+TOKEN_BLOCK = re.compile(r"exec 3<<'END_OF_PILOT_TOKEN'\n(\S+)\nEND_OF_PILOT_TOKEN\n")
 
 
 def secrets() -> dict[str, list[str]]:
@@ -77,7 +81,8 @@ def test_no_secret_in_argv_logs_batch_scripts_or_journal(
         provisioned: tuple[Service, list[str], list[str]]) -> None:
     svc, seen, scripts = provisioned
     assert len(seen) > 100 and any("condor_master" in a for a in seen)
-    assert any("PILOT_TOKEN_FILE" in s for s in scripts), "no batch script read back"
+    tokens = [t for s in scripts for t in TOKEN_BLOCK.findall(s)]
+    assert len(tokens) >= 2 and len(set(tokens)) == len(tokens), "no pilot token per script"
     journal = sqlite3.connect(svc.config.parent / "journal.sqlite")
     rows = "\n".join(str(r) for table in ("cycles", "actions", "state")
                      for r in journal.execute(f"SELECT * FROM {table}"))
@@ -90,7 +95,12 @@ def test_no_secret_in_argv_logs_batch_scripts_or_journal(
                                 for p in Path("/var/log/pilots").rglob("*") if p.is_file()),
         "SLURM logs": "\n".join(p.read_text(errors="replace")
                                 for p in Path("/var/log/slurm").glob("*.log")),
+        "collector log": Path("/var/log/condor/CollectorLog").read_text(errors="replace"),
     }
+    pilot_places = {k: v for k, v in places.items() if k != "batch scripts"}
+    leaks = [f"a pilot's token found in the {where}" for where, text in pilot_places.items()
+             if any(t in text or t.rsplit(".", 1)[-1] in text for t in tokens)]
+    assert not leaks, "\n".join(leaks)
     # Only names in the failure message: pytest would print a failed `in`
     # comparison in full, the secret with it.
     leaks = [f"content of {path} found in the {where}"

@@ -12,8 +12,10 @@ from pathlib import Path
 import htcondor2 as htcondor
 import pytest
 from conftest import SITES, WORKERS, run, slurm
+from pilottokens import clear_test_list, list_live, mint
 
-PILOT_TOKEN = Path("/etc/provisioner/pilot.token")
+#: A pilot's identity (provisioner.security.tokens): pilot-<site>-<serial>@<uid_domain>.
+PILOT_IDENTITY = "pilot-gsi-0123456789ab@testbed"
 
 
 def test_pool_daemons_answer() -> None:
@@ -40,10 +42,13 @@ def test_alice_submits_and_job_is_queued(tmp_path: Path) -> None:
 
 
 def _as_pilot_identity(user: str) -> dict[str, str]:
-    """Environment that makes HTCondor tools authenticate with the pilot token only."""
+    """Environment that makes HTCondor tools authenticate with a pilot's token only (one
+    minted as the service mints them, and listed live)."""
+    minted = mint(PILOT_IDENTITY)
+    list_live(minted)
     token_dir = tempfile.mkdtemp(prefix="pilot-token.", dir=f"/home/{user}")
     token = Path(token_dir) / "pilot"
-    token.write_bytes(PILOT_TOKEN.read_bytes())
+    token.write_text(minted.text + "\n")
     uid = 2001 if user == "alice" else 2002
     os.chown(token_dir, uid, uid)
     os.chown(token, uid, uid)
@@ -59,14 +64,21 @@ def test_pilot_token_cannot_submit() -> None:
     proc = run(["condor_submit", str(sub)], user="pilot", env=_as_pilot_identity("pilot"),
                check=False, cwd="/home/pilot")
     assert proc.returncode != 0, proc.stdout
-    assert "denied" in (proc.stdout + proc.stderr).lower() or "permission" in (
-        proc.stdout + proc.stderr).lower(), proc.stderr
+    # the schedd does not even know the pilots' signing key: the token is nobody there
+    assert "failed to authenticate using idtokens" in (proc.stdout + proc.stderr).lower(), \
+        proc.stderr
+    clear_test_list()
 
 
 def _startd_ad(name: str) -> str:
+    """A pilot's startd ad under `name` (the pilot with PILOT_IDENTITY, SLURM job 7)."""
     return (f'MyType = "Machine"\nName = "{name}"\nMachine = "fake.testbed"\n'
             'MyAddress = "<127.0.0.1:1>"\nStartdIpAddr = "<127.0.0.1:1>"\n'
-            'TestbedProbe = True\n')
+            'PilotSite = "gsi"\nPilotSlurmJobId = "7"\nTestbedProbe = True\n')
+
+
+#: The name the pilot with PILOT_IDENTITY gives its startd (provisioner.pilot.params).
+PILOT_STARTD = "pilot-gsi-7@pilot-gsi-0123456789ab.fake"
 
 
 def _advertise(user: str, env: dict[str, str], name: str) -> tuple[int, str]:
@@ -87,21 +99,22 @@ def _startd_names() -> set[str]:
 def test_alice_cannot_advertise_but_pilot_token_can() -> None:
     _, alice_out = _advertise("alice", {}, "alice-fake-startd")
     # The pilot's ad, sent after alice's, shows the collector has processed both.
-    rc, out = _advertise("pilot", _as_pilot_identity("pilot"), "pilot-probe-startd")
+    rc, out = _advertise("pilot", _as_pilot_identity("pilot"), PILOT_STARTD)
     assert rc == 0, out
     deadline = time.time() + 10
-    while "pilot-probe-startd" not in _startd_names() and time.time() < deadline:
+    while PILOT_STARTD not in _startd_names() and time.time() < deadline:
         time.sleep(0.5)
-    assert "pilot-probe-startd" in _startd_names()
+    assert PILOT_STARTD in _startd_names()
     assert "alice-fake-startd" not in _startd_names(), alice_out
     denials = Path("/var/log/condor/CollectorLog").read_text(errors="replace")
     assert "alice@testbed" in denials and "PERMISSION DENIED" in denials
     inv = Path("/home/pilot/invalidate.ad")
     inv.write_text('MyType = "Query"\nTargetType = "Machine"\n'
-                   'Requirements = Name == "pilot-probe-startd"\n')
+                   f'Requirements = Name == "{PILOT_STARTD}"\n')
     os.chown(inv, 2002, 2002)
     run(["condor_advertise", "INVALIDATE_STARTD_ADS", str(inv)], user="pilot",
         env=_as_pilot_identity("pilot"))
+    clear_test_list()
 
 
 @pytest.mark.parametrize("site", SITES)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run
+from pilottokens import clear_test_list, list_live, mint
 from servicectl import Service, pilot_ids, service_dir, write_config
 from test_limits import LIMIT_FILE, limited  # noqa: F401 (a fixture)
 from test_loop import (
@@ -40,6 +41,9 @@ from test_loop import (
 )
 
 WHY = "/opt/venv/bin/provisioner"
+#: A pilot's own identity, and the name its daemons advertise under.
+PILOT_IDENTITY = "pilot-gsi-0123456789ab@testbed"
+PILOT_NAME = "pilot-gsi-7@pilot-gsi-0123456789ab.forged"
 TERA_MB = 1024 * 1024
 
 
@@ -179,14 +183,19 @@ def test_a_status_ad_from_another_identity_is_not_believed() -> None:
     clean_pool()
     big = submit_script("why-forged", "true\n", 1, extra=f"request_memory = {TERA_MB}\n")
     key = answers(big)[f"{big}.0"]["shape"]["key"]
-    forged = (f'MyType = "ProvisionerStatus"\nName = "forged"\nSchema = 1\n'
+    # a pilot's token advertises only under its own pilot's name (docs/security.md): an
+    # ad that fits the collector's rule for pilots, and says it is a status ad
+    minted = mint(PILOT_IDENTITY)
+    list_live(minted)
+    forged = (f'MyType = "ProvisionerStatus"\nName = "{PILOT_NAME}"\nSchema = 1\n'
+              'PilotSite = "gsi"\nPilotSlurmJobId = "7"\n'
               f'ProvisionerId = "forged"\nWrittenAt = {int(time.time()) + 3600}\n'
               f'CycleSeconds = 3600.0\nPoolKnown = true\nClassAdLifetime = 300\n'
               f'Shapes = {{ [ Key = "{key}"; Idle = 1; Reason = "pilot_ready"; '
               f'site = "forged"; pilot = "666" ] }}\n')
     with tempfile.TemporaryDirectory(prefix="why-forged.", dir="/home/pilot") as tmp:
         token, ads = Path(tmp) / "pilot", Path(tmp) / "ad"
-        token.write_bytes(Path("/etc/provisioner/pilot.token").read_bytes())
+        token.write_text(minted.text + "\n")
         ads.write_text(forged)
         run(["chown", "-R", "pilot:", tmp])
         token.chmod(0o600)
@@ -195,17 +204,18 @@ def test_a_status_ad_from_another_identity_is_not_believed() -> None:
         run(["condor_advertise", "UPDATE_AD_GENERIC", str(ads)], user="pilot", env=pilot_env)
         try:
             seen = wait_for("the forged ad in the collector", lambda: run(
-                ["condor_status", "-any", "-constraint", 'Name == "forged"', "-af",
+                ["condor_status", "-any", "-constraint", f'Name == "{PILOT_NAME}"', "-af",
                  "AuthenticatedIdentity"]).stdout.strip(), 30)
-            assert seen == "pilot@testbed", seen
+            assert seen == PILOT_IDENTITY, seen
             res = why(big)
             print(f"--- why {big} beside a forged status ad ---\n{res.stdout}")
             assert res.returncode == 0 and "forged" not in res.stdout, res.stdout
         finally:
             ads.write_text('MyType = "Query"\nTargetType = "ProvisionerStatus"\n'
-                           'Requirements = Name == "forged"\n')
+                           f'Requirements = Name == "{PILOT_NAME}"\n')
             run(["condor_advertise", "INVALIDATE_ADS_GENERIC", str(ads)], user="pilot",
                 env=pilot_env, check=False)
+            clear_test_list()
             clean_pool()
 
 

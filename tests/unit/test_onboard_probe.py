@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import socket
 import struct
+import tempfile
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -26,13 +27,17 @@ from provisioner.onboard.probeio import parse_squeue_state
 from provisioner.onboard.table import as_json, failed, passed, render, site_ok, skipped
 from provisioner.pilot.endrecord import EndRecord
 from provisioner.pilot.script import render_pilot_script
+from provisioner.security.tokens import PilotToken, identity_of
+from provisioner.service.pilot_tokens import PilotTokens
 from provisioner.sites.executor import CommandResult
 from provisioner.sites.slurm_cli import SlurmCliBackend
 
 REPO = Path(__file__).resolve().parents[2]
+LIVE = tempfile.mkdtemp(prefix="probe-tokens.")
 CONFIG = parse_config(f"""
 templates_dir: {REPO}/slurm_templates
 pool: {{collector: "cm:9618", provisioner_id: testbed}}
+pilot_tokens: {{live_list: {LIVE}/live}}
 sites:
   - name: frankfurt
     partition: general1
@@ -108,7 +113,15 @@ def probe(slurm: FakeSlurm, clock: Clock, ads: Callable[[str], Sequence[Mapping[
                               executor=slurm, partition="general1",
                               output_dir="/var/log/pilots", log_dir="/var/log/pilots")
     return Probe(0, SITE, CONFIG, backend, ads, Limits(pending_s=60, join_s=120, leave_s=30,
-                                                       poll_s=5), clock, clock.sleep)
+                                                       poll_s=5), clock, clock.sleep,
+                 tokens=PilotTokens(CONFIG, reconfig=lambda: None, list_suffix=".probe",
+                                    minter=fake_mint))
+
+
+def fake_mint(site: str, uid_domain: str, key: str, lifetime: int) -> PilotToken:
+    """A token as condor_token_create would return it, for the fake SLURM."""
+    identity = identity_of(site, uid_domain)
+    return PilotToken(site, identity, "ab" * 16, 0, lifetime, "aGVhZA.cGF5bG9hZA.c2ln")
 
 
 def test_a_probe_slurm_keeps_pending_is_given_up_and_cancelled() -> None:

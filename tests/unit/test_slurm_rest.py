@@ -6,6 +6,7 @@ that the real slurmrestd answers so is tests/integration's to show."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import os
 import sys
@@ -278,6 +279,21 @@ def test_the_job_description_asks_what_sbatch_asks(tmp_path: Path) -> None:
     assert desc["standard_output"] == "/var/log/pilots/%x-fra-%j.out"
     assert (desc["partition"], desc["account"], desc["qos"]) == ("general1", "hpc", "normal")
     assert desc["tres_per_node"] == "gres/gpu:a100:2"
+    assert "deadline" not in desc  # none asked for
+
+
+def test_a_pilot_that_could_outlive_its_token_is_dropped_unstarted(tmp_path: Path) -> None:
+    """sbatch's --deadline=now+S, as slurmrestd's job description: a Unix time."""
+    sent: list[dict[str, Any]] = []
+
+    def submit(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        return reply({"job_id": 78})
+
+    b = backend(tmp_path, FakeServer({"POST job/submit": submit}))
+    b.clock = lambda: 1_000_000.5
+    b.submit(dataclasses.replace(REQUEST, deadline_s=90_000))
+    assert sent[0]["job"]["deadline"] == 1_090_000
 
 
 @pytest.mark.parametrize(("number", "error", "kind", "detail"), [

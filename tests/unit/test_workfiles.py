@@ -11,6 +11,7 @@ import stat
 import subprocess
 import sys
 import tomllib
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 
@@ -92,15 +93,14 @@ def test_the_pilot_installs_the_scripts_and_the_settings(tmp_path: Path) -> None
 def test_a_directory_name_the_settings_cannot_hold_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="line break"):
         job_wrapper_settings(["/a\nb"], [])
-    (tmp_path / "t").write_text("TOKEN")
     (tmp_path / "c").write_text("# pilot\n")
     env = {"PILOT_SITE": "gsi", "PILOT_PROVISIONER_ID": "t", "PILOT_COLLECTOR": "cm:9618",
            "PILOT_UID_DOMAIN": "t", "PILOT_IMAGE": "/i.sif",
-           "PILOT_TOKEN_FILE": str(tmp_path / "t"), "PILOT_CONDOR_CONFIG": str(tmp_path / "c"),
+           "PILOT_CONDOR_CONFIG": str(tmp_path / "c"),
            "SLURM_JOB_ID": "7", "PILOT_WALLTIME_S": "600",
            "PILOT_SCRATCH": str(tmp_path / "a\nb")}
     with pytest.raises(PilotError, match="line break"):
-        wrapper.prepare(params_from_env(env, 0.0))
+        wrapper.prepare(replace(params_from_env(env, 0.0), token="aGVhZA.cGF5bG9hZA.c2ln"))
 
 
 @pytest.mark.parametrize("settings", [None, "pid-namespace on\ncover /tmp\n"],

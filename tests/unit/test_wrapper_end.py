@@ -7,6 +7,7 @@ end)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -55,14 +56,18 @@ def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     the signal handlers main() installs are put back afterwards."""
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT,
                                                   signal.SIGUSR1)}
-    (tmp_path / "token").write_text("TOKEN")
+    payload = base64.urlsafe_b64encode(json.dumps(
+        {"sub": "pilot-gsi-0123456789ab@t", "jti": "ab" * 16}).encode()).decode().rstrip("=")
+    read, write = os.pipe()
+    os.write(write, f"aGVhZA.{payload}.c2ln\n".encode())
+    os.close(write)
     (tmp_path / "pilot.conf").write_text("# pilot\n")
     for key in [k for k in os.environ if k.startswith(("PILOT_", "SLURM_"))]:
         monkeypatch.delenv(key)
     env = {
         "PILOT_SITE": "gsi", "PILOT_PROVISIONER_ID": "prov1", "PILOT_COLLECTOR": "cm:9618",
         "PILOT_UID_DOMAIN": "t", "PILOT_IMAGE": "/i.sif",
-        "PILOT_TOKEN_FILE": str(tmp_path / "token"),
+        "PILOT_TOKEN_FD": str(read),
         "PILOT_CONDOR_CONFIG": str(tmp_path / "pilot.conf"),
         "PILOT_WALLTIME_S": "3600", "PILOT_SHUTDOWN_MARGIN_S": "120",
         "PILOT_START_DELAY_MAX_S": "0", "PILOT_SCRATCH": str(tmp_path / "scratch"),
@@ -162,7 +167,7 @@ def test_signalled_during_the_start_delay(node: Path, monkeypatch: pytest.Monkey
 
 
 def test_prepare_failed(node: Path) -> None:
-    (node / "token").unlink()
+    (node / "pilot.conf").unlink()
     assert wrapper.main() == 2
     assert end_record(node)["reason"] == "prepare-failed"
 

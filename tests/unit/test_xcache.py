@@ -60,7 +60,7 @@ def test_host_of() -> None:
 def _params(tmp_path: Path, xcache: str | None) -> params.PilotParams:
     return params.PilotParams(
         site="frankfurt", provisioner_id="p", collector="cm:9618", uid_domain="d",
-        image="/img.sif", token_file=tmp_path / "t", condor_config=tmp_path / "c",
+        image="/img.sif", condor_config=tmp_path / "c",
         job_id="7", cpus=4, memory_mb=8000, walltime_end=10_000, shutdown_margin_s=60,
         noclaim_shutdown_s=600, start_delay_max_s=0, scratch=tmp_path, log_dir=None,
         xcache=xcache, xcache_exclude=("storage.site",))

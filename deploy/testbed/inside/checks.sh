@@ -26,11 +26,12 @@ check_slurm() {  # cluster login: controller answers on the login node, every no
 check_slurm-gsi() { check_slurm gsi gsi-login; }
 check_slurm-frankfurt() { check_slurm frankfurt fra-login; }
 
-check_ssh() {  # login host: the provisioner reaches the pilot account with strict host keys
+check_ssh() {  # login host: the provisioner reaches the pilot account with strict host
+    # keys, through its forced-command gate (`id -un` is among what the gate allows)
     timeout 15 "$ON" cm -u provisioner -- ssh -F none -o BatchMode=yes \
         -o IdentitiesOnly=yes -i /etc/provisioner/ssh/id_ed25519 -o StrictHostKeyChecking=yes \
         -o UserKnownHostsFile=/etc/provisioner/ssh/known_hosts -o ConnectTimeout=5 \
-        "pilot@$1" true 2>&1 || return 1
+        "pilot@$1" id -un 2>&1 || return 1
 }
 check_ssh-gsi() { check_ssh gsi-login; }
 # frankfurt's slurmrestd answers the provisioner's JWT (and only over HTTP: no SSH).
@@ -60,7 +61,7 @@ h.Schedd(h.Collector().locate(h.DaemonType.Schedd, "submit2")).query(projection=
         2>&1) || { echo "$out"; return 1; }
 }
 
-check_tokens() { [ -s /etc/provisioner/tokens.d/provisioner ] && [ -s /root/.condor/tokens.d/provisioner ] && [ -s /etc/provisioner/pilot.token ] && [ -s /etc/condor/tokens.d/condor ]; }
+check_tokens() { [ -s /etc/provisioner/tokens.d/provisioner ] && [ -s /root/.condor/tokens.d/provisioner ] && [ -s /etc/provisioner/pilot-keys/pilot-1 ] && [ -s /etc/condor/pilot-keys.d/pilot-1 ] && [ -s /etc/condor/tokens.d/condor ]; }
 
 check_xrootd() {  # from-host url
     timeout 10 "$ON" "$1" -- xrdfs "$2" query config version >/dev/null 2>&1 || return 1

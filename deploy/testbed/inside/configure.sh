@@ -53,6 +53,8 @@ install -d -o condor -g condor /var/log/condor-submit2 /var/spool/condor-submit2
     /run/lock/condor-submit2 /run/condor-submit2 /var/lib/condor-submit2 \
     /var/lib/condor-submit2/execute
 install -d -m 0700 /etc/condor/passwords.d /etc/condor/tokens.d
+# FS authentication at the collector (etc/condor-testbed.conf): like /tmp.
+install -d -m 1777 /var/lib/condor-fsauth
 install -d -m 1777 /run/lock
 install -d -o condor -g condor /run/lock/condor /run/condor
 install -d -m 0755 /etc/provisioner /var/log/pilots
@@ -83,7 +85,20 @@ for login in $(grep -v '^#' "$etc/hosts.tsv" | awk '$4 == "login" {print $1}'); 
         >>/etc/provisioner/ssh/known_hosts
 done
 chmod 0644 /etc/provisioner/ssh/known_hosts
-echo "restrict $(cat /etc/provisioner/ssh/id_ed25519.pub)" >/etc/ssh/testbed/authorized_keys/pilot
+# The provisioner's key runs only what the backend needs (deploy/site-gate/): the
+# gate is its forced command at both login nodes, its refusals logged.
+install -m 0755 "$repo/deploy/site-gate/provisioner-gate" /usr/local/libexec/provisioner-gate
+install -m 0644 "$etc/provisioner-gate.ini" /etc/provisioner-gate.ini
+install -d -o pilot -g pilot -m 0700 /var/log/provisioner-gate
+gate='restrict,command="/usr/local/libexec/provisioner-gate /etc/provisioner-gate.ini"'
+echo "$gate $(cat /etc/provisioner/ssh/id_ed25519.pub)" >/etc/ssh/testbed/authorized_keys/pilot
+# The SSH executor's own test (tests/integration/test_ssh.py) sends arbitrary words
+# to the remote side: a second key, root's on cm and only in the testbed, without
+# the gate.
+rm -f /root/.ssh/testbed-shell_ed25519 /root/.ssh/testbed-shell_ed25519.pub
+install -d -m 0700 /root/.ssh
+ssh-keygen -q -t ed25519 -N "" -C testbed-shell@cm -f /root/.ssh/testbed-shell_ed25519
+echo "restrict $(cat /root/.ssh/testbed-shell_ed25519.pub)" >>/etc/ssh/testbed/authorized_keys/pilot
 chmod 0644 /etc/ssh/testbed/authorized_keys/pilot
 install -m 0644 "$etc/sshd.conf" /etc/ssh/testbed/sshd_config
 # Key-only logins: "*" (no password) instead of useradd's "!" (locked), which

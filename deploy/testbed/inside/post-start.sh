@@ -25,7 +25,10 @@ token condor@testbed /etc/condor/tokens.d/condor root
 # WRITE), and advertises its status ad to the collector (DAEMON); releases go
 # through SLURM.
 install -d -o provisioner -g provisioner -m 0700 /etc/provisioner/tokens.d
-token provisioner@testbed /etc/provisioner/tokens.d/provisioner provisioner READ WRITE DAEMON
+# ADMINISTRATOR: the collector alone grants it to the provisioner, which has it
+# re-read the list of live pilot tokens (condor_config/central-manager.conf).
+token provisioner@testbed /etc/provisioner/tokens.d/provisioner provisioner \
+    READ WRITE DAEMON ADMINISTRATOR
 # The same identity for root on cm (tests, the demo, an admin's tools): HTCondor
 # reads a token only from a file its reader owns.
 install -d -m 0700 /root/.condor/tokens.d
@@ -33,9 +36,30 @@ install -m 0400 /etc/provisioner/tokens.d/provisioner /root/.condor/tokens.d/pro
 # frankfurt is reached through slurmrestd only: the pilot account's JWT, for a
 # day (the testbed's life); tests mint shorter ones.
 /src/deploy/testbed/inside/mint-jwt 86400 /etc/provisioner/tokens.d/frankfurt.jwt
-# Pilots: advertise masters/startds and act as execute nodes, nothing else.
-token pilot@testbed /etc/provisioner/pilot.token pilot \
-    READ ADVERTISE_MASTER ADVERTISE_STARTD DAEMON
+# Pilots: no shared token any more. The provisioner mints each pilot's own with
+# the pilot signing key (docs/security.md): its copy is readable by the service's
+# account only, the collector's by root only (condor_config/central-manager.conf).
+rm -f /etc/provisioner/pilot.token
+install -d -o provisioner -g provisioner -m 0700 /etc/provisioner/pilot-keys
+install -d -m 0700 /etc/condor/pilot-keys.d
+if [ ! -s /etc/provisioner/pilot-keys/pilot-1 ]; then
+    (umask 077 && head -c 64 /dev/urandom >/etc/provisioner/pilot-keys/pilot-1.tmp)
+    chown provisioner: /etc/provisioner/pilot-keys/pilot-1.tmp
+    mv /etc/provisioner/pilot-keys/pilot-1.tmp /etc/provisioner/pilot-keys/pilot-1
+fi
+install -m 0600 /etc/provisioner/pilot-keys/pilot-1 /etc/condor/pilot-keys.d/pilot-1
+# The live pilot tokens' list (written by the service, read by the collector).
+install -d -o provisioner -g provisioner -m 0755 /var/lib/provisioner
+# The collector accepts no other token than these two (and pilots'): whatever else
+# the pilot key's holder mints is refused (condor_config/central-manager.conf).
+jtis=$(for f in /etc/condor/tokens.d/condor /etc/provisioner/tokens.d/provisioner; do
+    python3 -c 'import base64, json, sys
+p = open(sys.argv[1]).read().split(".")[1]
+print(json.loads(base64.urlsafe_b64decode(p + "=" * (-len(p) % 4)))["jti"])' "$f"
+done | tr '\n' ' ')
+echo "PROVISIONER_OTHER_TOKENS_REVOKED = !stringListMember(jti, \"${jtis% }\", \" \")" \
+    >/etc/condor/config.d/95-testbed-tokens.conf
+condor_reconfig -collector >/dev/null
 
 # The Apptainer images: /opt/images/NAME.sif from /src/images/NAME.def and a base
 # tree, built once per definition and rootfs (cached), as the pilot account:
