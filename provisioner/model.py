@@ -198,6 +198,9 @@ class CycleMemory:
     #: job limit, a back-off after a busy sbatch, a refused configuration: 0); absent =
     #: no limit known (`provisioner.decide.limits`).
     limit_room: dict[str, int] = field(default_factory=dict)
+    #: sites whose number of pilots a learnt SLURM limit bounds (submission or job
+    #: count): their new pilots take the whole shape (`provisioner.decide.sizing`).
+    pilot_bound: frozenset[str] = frozenset()
     #: sites whose circuit breaker is half-open: their pending pilot is the probe.
     probing: frozenset[str] = frozenset()
     # -- the queue's history, for the predictive reserve (`provisioner.decide.reserve`)

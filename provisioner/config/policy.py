@@ -179,6 +179,10 @@ class PolicyConfig(_Model):
     #: pilot is tried; still stuck, it is reported again): a cause that goes away (a
     #: negotiator down for longer than stuck_after_s) never strands it for good.
     stuck_retry_s: float = Field(default=3600, gt=0)
+    #: A submission limit learnt from SLURM's refusal is tested again this long after
+    #: the refusal, by one sbatch past it while work waits for the site (refused again:
+    #: twice as long, up to an hour): a limit an admin raised or removed is noticed.
+    limit_probe_s: float = Field(default=300, gt=0)
     reserve: ReserveConfig = ReserveConfig()
     placement: PlacementConfig = PlacementConfig()
     breaker: BreakerConfig = BreakerConfig()

@@ -45,7 +45,7 @@ Contract of one cycle, in order (steps 0-4 are `provisioner.service.ticker`'s `t
 from __future__ import annotations
 
 import logging
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -164,6 +164,7 @@ class Controller:
         self.breakers = SiteBreakers(b.threshold, b.base_s, b.max_s)
         self.stuck = StuckGroups(self.config.policy.stuck_after_s,
                                  self.config.policy.stuck_retry_s)
+        self.limits.probe_s = self.config.policy.limit_probe_s
 
     # -- what survives a restart -------------------------------------------------------
     def state(self) -> dict[str, Any]:
@@ -326,12 +327,11 @@ class Controller:
                      and (p.name is not None or p.state in _UP)], now)
             self.transitions += self.stuck.observe(snapshot, self.config, now)
             for site in sorted(known):
-                limited: dict[str, int] = {}
-                for p in seen:
-                    if p.site == site and p.limit_reason:
-                        limited[p.limit_reason] = limited.get(p.limit_reason, 0) + 1
-                self.transitions += self.limits.observe(
-                    site, sum(1 for p in seen if p.site == site), limited, now)
+                here = [p for p in seen if p.site == site]
+                limited = Counter(p.limit_reason for p in here if p.limit_reason)
+                started = sum(1 for p in here if p.state is not PilotState.PENDING)
+                self.transitions += [line for line in self.limits.observe(
+                    site, len(here), limited, now, started) if line]
             self.noclaim.observe(snapshot, self.config, now)
         in_flight: dict[str, int] = {}
         for p in seen:
@@ -355,6 +355,7 @@ class Controller:
             self.memory, drained_cycles=drained, estimates=dict(self.estimates.sites),
             submit_limit=self.breakers.limits(now, in_flight),
             limit_room=self.limits.rooms(_held(snapshot.pilots), self.config.site_names, now),
+            pilot_bound=frozenset(self.limits.caps),
             probing=self.breakers.probing(), arrival_window_s=window, recent_departures=left,
             arrival_times=len(self.arrivals),
             reserve_hold=max((n for _t, n in self.reserves), default=0),
@@ -478,13 +479,13 @@ class Controller:
                                         action.memory_mb, now, free_cpus=action.cpus,
                                         free_memory_mb=action.memory_mb, gpus=action.gpus,
                                         free_gpus=action.gpus))
-        if error is None:
-            return f"{action.site}: sbatch accepted again" if self.limits.submitted(
-                action.site) else ""
-        self.failed_sites.add(action.site)
         pilots = (self.planned[0].pilots if self.planned is not None else ()) + tuple(
             self.just_sent)
-        return self.limits.refused(action.site, error, _held(pilots).get(action.site, 0), now)
+        held = _held(pilots).get(action.site, 0)
+        if error is None:
+            return self.limits.submitted(action.site, held)
+        self.failed_sites.add(action.site)
+        return self.limits.refused(action.site, error, held, now)
 
     def held_now(self, snapshot: Snapshot) -> dict[str, int]:
         """Pilots each site holds: those of `snapshot` and this cycle's submissions (what
