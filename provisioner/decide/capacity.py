@@ -25,7 +25,7 @@ from provisioner.decide.packing import (
     Item,
     NewPilots,
 )
-from provisioner.decide.sizing import pack_cpus, pilot_bound
+from provisioner.decide.sizing import bound_sizes
 from provisioner.model import (
     Cap,
     CycleMemory,
@@ -64,7 +64,9 @@ class SiteRow:
     offered_cpus: int = 0
     new_jobs: int = 0  # real jobs placed on new pilots
     new_reserve: int = 0
-    bound: bool = False  # its pilots, not its cores, are scarce (`provisioner.decide.sizing`)
+    #: its pilots, not its cores, are scarce: the cores a new pilot takes (0: sized to
+    #: its jobs; `provisioner.decide.sizing`)
+    bound: int = 0
 
     @property
     def name(self) -> str:
@@ -197,20 +199,24 @@ def add_capacity(sites: dict[str, SiteRow], snapshot: Snapshot, now: float,
         sites[site_name].existing[tier] = CapacityIndex(by_index[site_name, tier], registry)
 
 
-def mark_bound(sites: dict[str, SiteRow], rows: Iterable[Row], memory: CycleMemory) -> None:
-    """Sites whose pilots are scarce (`provisioner.decide.sizing.pilot_bound`) pack
-    their new pilots up to the whole shape."""
+def mark_bound(sites: dict[str, SiteRow], rows: Iterable[Row], snapshot: Snapshot,
+               memory: CycleMemory) -> None:
+    """Sites whose pilots are scarce (`provisioner.decide.sizing.bound_sizes`) pack
+    their new pilots up to the work's share per allowed pilot, and size them to it."""
     room = {}
     for name, s in sites.items():
-        caps = [s.room[c] for c in (Cap.MAX_PILOTS, Cap.SLURM_LIMITS) if c in s.room]
-        room[name] = min(caps)
-    bound = pilot_bound(rows, {n: s.config for n, s in sites.items()}, room,
-                        memory.pilot_bound)
-    for name in bound:
+        room[name] = min(s.room[c] for c in (Cap.MAX_PILOTS, Cap.SLURM_LIMITS) if c in s.room)
+    running: dict[str, int] = {}
+    for p in snapshot.pilots:
+        if p.state in (PilotState.BUSY, PilotState.IDLE):
+            running[p.site] = running.get(p.site, 0) + max(0, p.cpus - p.free_cpus)
+    sizes = bound_sizes(rows, {n: s.config for n, s in sites.items()}, room,
+                        memory.pilot_limits, running)
+    for name, size in sizes.items():
         s = sites[name]
-        s.bound = True
+        s.bound = size
         if s.new is not None:
-            s.new.pack_cpus = pack_cpus(s.config, True)
+            s.new.pack_cpus = size
 
 
 def fill_existing(rows: Iterable[Row], sites: dict[str, SiteRow], now: float,

@@ -254,13 +254,18 @@ class Controller:
         `MAX_REASKS` times: a match the negotiator made can be lost on the way to the
         pilot (the schedd's claim refused, or sent over a security session that a
         restarted collector no longer knows), and the negotiator's own next cycle may be
-        minutes away."""
-        if idle_jobs is None:
-            idle_jobs = self.probed.idle_jobs if self.probed is not None else 0
+        minutes away. Jobs that arrived since the last look (more idle than then) while
+        room waits for them (an idle pilot, or the reserve the last cycle kept, which
+        may lie in busy pilots) ask too: the negotiator's next cycle may be most of its
+        interval away, and a reserve is kept so that arrivals do not wait."""
+        before = self.probed.idle_jobs if self.probed is not None else 0
+        arrived = idle_jobs is not None and idle_jobs > before and (
+            bool(idle_pilots) or (self.mark is not None and self.mark.reserve > 0))
+        idle_jobs = before if idle_jobs is None else idle_jobs
         new, self.seen_idle = idle_pilots - self.seen_idle, idle_pilots
         if self.config.policy.join_check_s <= 0 or idle_jobs <= 0:
             return False
-        if new:
+        if new or arrived:
             self.asked_at, self.reasks = now, 0
             return True
         if (idle_pilots and self.asked_at is not None
@@ -349,15 +354,16 @@ class Controller:
         snap = replace(snapshot, demand=self.stuck.mark(snapshot.demand),
                        recent_arrivals=self.stuck.mark(snapshot.recent_arrivals))
         window = window if snapshot.recent_arrivals else 0.0
+        seen = sum(1 for t in self.arrivals if t >= since) if window else 0
         if commit and snap.scale_down_ok:  # rates from the whole queue only
-            self.rates.observe(snap, window, self.config, now)
+            self.rates.observe(snap, window, self.config, now, seen)
         memory = replace(
             self.memory, drained_cycles=drained, estimates=dict(self.estimates.sites),
             submit_limit=self.breakers.limits(now, in_flight),
             limit_room=self.limits.rooms(_held(snapshot.pilots), self.config.site_names, now),
-            pilot_bound=frozenset(self.limits.caps),
+            pilot_limits={site: c.jobs for site, c in self.limits.caps.items()},
             probing=self.breakers.probing(), arrival_window_s=window, recent_departures=left,
-            arrival_times=len(self.arrivals),
+            arrival_times=len(self.arrivals), arrivals_in_window=seen,
             reserve_hold=max((n for _t, n in self.reserves), default=0),
             reserve_spent=self.noclaim.limits(), shape_rates=self.rates.rates(now))
         return snap, memory

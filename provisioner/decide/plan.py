@@ -66,7 +66,7 @@ from provisioner.decide.placement import (
 )
 from provisioner.decide.reserve import reserve_lead, reserve_rows, reserve_size
 from provisioner.decide.scaledown import carry_over, pilot_actions
-from provisioner.decide.sizing import new_pilot_size, pack_cpus
+from provisioner.decide.sizing import new_pilot_size, pack_reserve
 from provisioner.model import (
     Action,
     Cap,
@@ -203,7 +203,8 @@ def _per_pilot(s: SiteRow, row: Row) -> int:
     """How many of the row's jobs one new pilot at `s` takes."""
     p = s.config.pilot
     gpus = p.gpus if row.item.gpus else 0  # CPU-only jobs get pilots without GPUs
-    pack = pack_cpus(s.config, s.bound)
+    assert s.new is not None
+    pack = s.new.pack_cpus or p.cpus
     return row.item.per_bin(min(p.cpus, max(pack, row.item.cpus)), p.memory_mb, gpus)
 
 
@@ -334,9 +335,12 @@ def _plan(snapshot: Snapshot, memory: CycleMemory, config: Config, now: float) -
     floor = Item(cpus=min((r.item.cpus for r in everything), default=1),
                  memory_mb=min((r.item.memory_mb for r in everything), default=0))
     fill_existing(everything, sites, now, floor)
-    mark_bound(sites, rows, memory)
+    mark_bound(sites, rows, snapshot, memory)
     tie = config.policy.placement.tie_share
     global_left = fill_new(rows, sites, config.policy.max_submit_per_cycle, costs, tie)
+    rates = memory.shape_rates
+    pack_reserve(sites.values(), sum(r.jobs for r in ghosts),
+                 sum(rates.values()) if rates else None)
     global_left = fill_new(ghosts, sites, global_left, costs, tie)
     actions, summaries = submissions(sites.values(), rows, global_left)
 

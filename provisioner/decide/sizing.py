@@ -5,59 +5,95 @@ packed up to the site's `pilot.pack_cpus`, then sized down to what it holds (fro
 `min_cpus`), so that little idles when its last job runs on alone.
 
 Where the *number* of pilots is the limit, small pilots waste what is scarce: each
-allowed pilot should carry as much work as it can. A site is *pilot-bound* this cycle
+allowed pilot should carry its share of the work. A site is *pilot-bound* this cycle
 when SLURM taught it a limit on its pilots (a submission or a job-count limit,
-`CycleMemory.pilot_bound`), or when the waiting jobs it can run would need more pilots at
-its packing size than its `caps.max_pilots` (or its learnt limit) leave. Its new pilots
-are then packed up to the site's whole shape and ask for it whole (cores and memory;
-GPUs only as its jobs use): jobs that arrive later fill the room instead of waiting for
-a pilot the limit does not give.
+`CycleMemory.pilot_limits`), or when the waiting jobs it can run would need more new
+pilots at its packing size than its `caps.max_pilots` (or its learnt limit) leave.
+Its new pilots then take the work's share per allowed pilot: the cores its pilots run
+plus those of the waiting jobs it fits, over the pilots it may hold, between its
+`pack_cpus` and its whole shape. Jobs are packed into them up to that, and the pilot
+asks for at least that: jobs arriving later fill the room instead of waiting for a
+pilot the limit does not give. A limit that allows more pilots than the work needs
+gives pilots of the work's size, so no more cores idle there than where cores are
+the limit.
+
+The reserve's slots are packed into as few new pilots as each site's shape allows
+where, alone, they would wait longer than a pilot waits unclaimed (`pack_reserve`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
+from typing import Protocol
 
 from provisioner.config import SiteConfig
 from provisioner.decide.matching import Row
+from provisioner.decide.packing import NewPilots
 
 
-def pilot_bound(rows: Iterable[Row], sites: Mapping[str, SiteConfig],
-                room: Mapping[str, int], learnt: Iterable[str]) -> frozenset[str]:
-    """The sites of `sites` whose pilots are the scarce resource this cycle: those in
-    `learnt` (a SLURM limit on pilots), and those whose waiting work (the real jobs of
-    `rows` not yet placed, at every site that fits them) would need more new pilots at
-    the site's packing size than `room` (site -> new pilots its pilot-count caps allow;
-    absent: no such cap) leaves."""
+class SiteRowLike(Protocol):
+    """What sizing reads of a site's row (`provisioner.decide.capacity.SiteRow`)."""
+
+    config: SiteConfig
+    new: NewPilots | None
+
+
+def bound_sizes(rows: Iterable[Row], sites: Mapping[str, SiteConfig],
+                room: Mapping[str, int], limits: Mapping[str, int],
+                running: Mapping[str, int]) -> dict[str, int]:
+    """Per pilot-bound site of `sites`, the cores its new pilots take (absent: sized to
+    their jobs). `rows`: the real jobs not placed yet, at every site that fits them;
+    `room`: new pilots the site's pilot-count caps allow (absent: no such cap);
+    `limits`: the pilots a learnt SLURM limit lets it hold; `running`: the cores its
+    pilots' jobs use."""
     cores: dict[str, int] = {}
     for row in rows:
         if row.reserve or row.left <= 0:
             continue
         for name in row.sites:
             cores[name] = cores.get(name, 0) + row.left * row.item.cpus
-    out = {name for name in learnt if name in sites}
+    out = {}
     for name, site in sites.items():
-        left = room.get(name)
-        if left is not None and left > 0 and cores.get(name, 0) > left * site.pilot.pack_cpus:
-            out.add(name)
-    return frozenset(out)
-
-
-def pack_cpus(site: SiteConfig, bound: bool) -> int:
-    """The cores a new pilot at `site` is packed up to: its whole shape where pilots
-    are bound, its `pilot.pack_cpus` otherwise."""
-    return site.pilot.cpus if bound else site.pilot.pack_cpus
+        pack, left = site.pilot.pack_cpus, room.get(name)
+        short = left is not None and left > 0 and cores.get(name, 0) > left * pack
+        if name not in limits and not short:
+            continue
+        allowed = min(limits.get(name, site.caps.max_pilots), site.caps.max_pilots)
+        share = math.ceil((running.get(name, 0) + cores.get(name, 0)) / max(1, allowed))
+        size = min(site.pilot.cpus, max(pack, share))
+        if size > pack:
+            out[name] = size
+    return out
 
 
 def new_pilot_size(site: SiteConfig, used_cpus: int, used_mem: int, used_gpus: int = 0,
-                   bound: bool = False) -> tuple[int, int, int]:
+                   at_least: int = 0) -> tuple[int, int, int]:
     """(cpus, memory_mb, gpus) of a new pilot holding the given jobs: sized down to them
-    (from `min_cpus`, at least `memory_per_cpu_mb` per core), or the site's whole shape
-    where pilots are bound; GPUs only as many as its jobs use (a GPU site's pilot for
-    CPU-only jobs asks SLURM for none)."""
+    (from `min_cpus`, or from `at_least` cores at a pilot-bound site; at least
+    `memory_per_cpu_mb` per core); GPUs only as many as its jobs use (a GPU site's pilot
+    for CPU-only jobs asks SLURM for none)."""
     p = site.pilot
-    if bound:
-        return p.cpus, p.memory_mb, min(p.gpus, used_gpus)
-    cpus = min(p.cpus, max(p.min_cpus, used_cpus))
+    cpus = min(p.cpus, max(p.min_cpus, at_least, used_cpus))
     memory = min(p.memory_mb, max(p.memory_per_cpu_mb * cpus, used_mem))
     return cpus, memory, min(p.gpus, used_gpus)
+
+
+def pack_reserve(sites: Iterable[SiteRowLike], slots: int, rate: float | None) -> bool:
+    """Before the reserve's `slots` go into new pilots: where they would wait for their
+    jobs longer than a pilot waits unclaimed (no fewer slots than the jobs expected,
+    at `rate` jobs/s, within the shortest `runtime.noclaim_shutdown_s` of `sites`: the
+    last ones are as likely as not to idle out alone), pack them up to each site's whole
+    shape (then sized down to what they hold), and return True. A pilot that runs one
+    of its slots' jobs is not idle, so its no-claim shutdown does not end the slots
+    left, and slots kept together serve a rarer, larger job too. Otherwise each slot
+    keeps the site's packing size (also while no rate is learnt, `rate` None): no
+    pilot's last job runs on alone for them."""
+    sites = list(sites)
+    hold = min((s.config.runtime.noclaim_shutdown_s for s in sites), default=0)
+    if rate is None or slots <= 0 or slots < rate * hold:
+        return False
+    for s in sites:
+        if s.new is not None:
+            s.new.pack_cpus = s.config.pilot.cpus
+    return True

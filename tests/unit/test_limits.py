@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
+from itertools import pairwise
 
 import pytest
 from hypothesis import given, settings
@@ -377,7 +378,7 @@ def test_a_changed_submission_limit_is_noticed_with_one_refused_sbatch_per_test(
     # refusals: at most one per cycle, and a learnt limit is tested no more often than
     # every probe_s
     assert len(refused_at) == len(set(refused_at))
-    gaps = [b - a for a, b in zip(refused_at, refused_at[1:], strict=False)]
+    gaps = [b - a for a, b in pairwise(refused_at)]
     assert all(g >= 300 for g in gaps if g > 0) or len(refused_at) <= 1 or all(
         g >= 60 for g in gaps)
     if (second is None or second > first + 6) and change + 22 < len(leave):
