@@ -354,16 +354,16 @@ class Controller:
         snap = replace(snapshot, demand=self.stuck.mark(snapshot.demand),
                        recent_arrivals=self.stuck.mark(snapshot.recent_arrivals))
         window = window if snapshot.recent_arrivals else 0.0
-        seen = sum(1 for t in self.arrivals if t >= since) if window else 0
+        times = sum(1 for t in self.arrivals if t >= since) if window else 0
         if commit and snap.scale_down_ok:  # rates from the whole queue only
-            self.rates.observe(snap, window, self.config, now, seen)
+            self.rates.observe(snap, window, self.config, now, times)
         memory = replace(
             self.memory, drained_cycles=drained, estimates=dict(self.estimates.sites),
             submit_limit=self.breakers.limits(now, in_flight),
             limit_room=self.limits.rooms(_held(snapshot.pilots), self.config.site_names, now),
             pilot_limits={site: c.jobs for site, c in self.limits.caps.items()},
             probing=self.breakers.probing(), arrival_window_s=window, recent_departures=left,
-            arrival_times=len(self.arrivals), arrivals_in_window=seen,
+            arrival_times=len(self.arrivals), arrivals_in_window=times,
             reserve_hold=max((n for _t, n in self.reserves), default=0),
             reserve_spent=self.noclaim.limits(), shape_rates=self.rates.rates(now))
         return snap, memory
