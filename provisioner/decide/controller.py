@@ -51,7 +51,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from provisioner.config import Config
-from provisioner.decide.arrivals import QueueHistory, departures
+from provisioner.decide.arrivals import ArrivalTimes, QueueHistory, departures
 from provisioner.decide.breaker import SiteBreakers
 from provisioner.decide.cadence import SLACK, CycleMark, Probe, cycle_due
 from provisioner.decide.estimates import Estimates
@@ -140,7 +140,7 @@ class Controller:
     breakers: SiteBreakers = field(init=False)
     #: shapes idle beside fitting unclaimed pilots, and those found stuck
     stuck: StuckGroups = field(init=False)
-    arrivals: deque[float] = field(default_factory=deque)  # distinct arrival times
+    arrivals: ArrivalTimes = field(init=False)  # distinct arrival times
     reserves: deque[tuple[float, int]] = field(default_factory=deque)  # (time, wanted)
     #: reserve pilots that ended unclaimed, and their shapes' arrivals then
     noclaim: NoClaimWatch = field(default_factory=NoClaimWatch)
@@ -159,6 +159,7 @@ class Controller:
     def __post_init__(self) -> None:
         r = self.config.policy.reserve
         self.history = QueueHistory(max(r.window_s, r.evidence_s))
+        self.arrivals = ArrivalTimes(r.evidence_s, self.config.policy.quick_check_s)
         self.estimates = Estimates(self.config.policy.placement)
         b = self.config.policy.breaker
         self.breakers = SiteBreakers(b.threshold, b.base_s, b.max_s)
@@ -276,14 +277,10 @@ class Controller:
 
     # -- the reserve's window ----------------------------------------------------------
     def window(self, now: float) -> float:
-        """The arrival window at `now`: ``window_s``, or longer when arrivals are sparse,
-        so that it spans ``window_gaps`` mean gaps between the distinct arrival times seen
-        over the last ``evidence_s`` (at most ``evidence_s``)."""
+        """The arrival window at `now` (`ArrivalTimes.window`: ``window_s``, longer for
+        sparse arrivals)."""
         r = self.config.policy.reserve
-        if not self.arrivals:
-            return r.evidence_s
-        gap = max(now - self.arrivals[0], 0.0) / len(self.arrivals)
-        return max(r.window_s, min(r.evidence_s, r.window_gaps * gap))
+        return self.arrivals.window(now, r.window_s, r.window_gaps)
 
     def arrivals_since(self, now: float) -> float | None:
         """Start of the arrival window to query at `now`; None when the reserve is off."""
@@ -320,7 +317,7 @@ class Controller:
         seen = [p for p in snapshot.pilots if p.site in known]
         since, size_then = self.history.baseline(now, self.window(now))  # as arrivals_since
         if commit:
-            self._count_arrival(snapshot.last_arrival_at, now)
+            self.arrivals.count(snapshot.last_arrival_at, now)
             self.transitions = []
         if commit and snapshot.pool_known:
             self.estimates.observe(seen, now, known)
@@ -354,7 +351,7 @@ class Controller:
         snap = replace(snapshot, demand=self.stuck.mark(snapshot.demand),
                        recent_arrivals=self.stuck.mark(snapshot.recent_arrivals))
         window = window if snapshot.recent_arrivals else 0.0
-        times = sum(1 for t in self.arrivals if t >= since) if window else 0
+        times = self.arrivals.since(since) if window else 0
         if commit and snap.scale_down_ok:  # rates from the whole queue only
             self.rates.observe(snap, window, self.config, now, times)
         memory = replace(
@@ -367,16 +364,6 @@ class Controller:
             reserve_hold=max((n for _t, n in self.reserves), default=0),
             reserve_spent=self.noclaim.limits(), shape_rates=self.rates.rates(now))
         return snap, memory
-
-    def _count_arrival(self, newest: float | None, now: float) -> None:
-        """Remember the newest job's submission time if it is new, that is later than
-        the last one remembered by more than one quick check (a batch submitted over a
-        few seconds is one arrival time); forget old ones."""
-        apart = self.config.policy.quick_check_s
-        if newest is not None and (not self.arrivals or newest > self.arrivals[-1] + apart):
-            self.arrivals.append(newest)
-        while self.arrivals and self.arrivals[0] < now - self.config.policy.reserve.evidence_s:
-            self.arrivals.popleft()
 
     def remember(self, snapshot: Snapshot, memory: CycleMemory, result: Plan, now: float,
                  idle_ads: frozenset[str] | None = None) -> None:
