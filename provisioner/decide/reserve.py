@@ -55,8 +55,9 @@ def reserve_size(matchable_arrivals: int, window_s: float, config: Config,
     arrivals stopped: the reserve decays by e every lead time beyond that."""
     r = config.policy.reserve
     lead = r.lead_s if lead_s is None else lead_s
+    # a factor too small for its tail to differ from one half in floating point is 0
     if (not r.enabled or window_s <= 0 or matchable_arrivals <= 0 or r.max_jobs <= 0
-            or r.factor <= 0):
+            or _tail(r.factor) >= 0.5):
         return 0
     arrived = matchable_arrivals
     left = arrived if departures is None else min(arrived, max(0.0, departures))
