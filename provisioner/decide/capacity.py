@@ -203,15 +203,12 @@ def mark_bound(sites: dict[str, SiteRow], rows: Iterable[Row], snapshot: Snapsho
                memory: CycleMemory) -> None:
     """Sites whose pilots are scarce (`provisioner.decide.sizing.bound_sizes`) pack
     their new pilots up to the work's share per allowed pilot, and size them to it."""
-    room = {}
-    for name, s in sites.items():
-        room[name] = min(s.room[c] for c in (Cap.MAX_PILOTS, Cap.SLURM_LIMITS) if c in s.room)
     running: dict[str, int] = {}
     for p in snapshot.pilots:
         if p.state in (PilotState.BUSY, PilotState.IDLE):
             running[p.site] = running.get(p.site, 0) + max(0, p.cpus - p.free_cpus)
-    sizes = bound_sizes(rows, {n: s.config for n, s in sites.items()}, room,
-                        memory.pilot_limits, running)
+    sizes = bound_sizes(rows, {n: s.config for n, s in sites.items()}, memory.pilot_limits,
+                        running)
     for name, size in sizes.items():
         s = sites[name]
         s.bound = size

@@ -5,17 +5,21 @@ packed up to the site's `pilot.pack_cpus`, then sized down to what it holds (fro
 `min_cpus`), so that little idles when its last job runs on alone.
 
 Where the *number* of pilots is the limit, small pilots waste what is scarce: each
-allowed pilot should carry its share of the work. A site is *pilot-bound* this cycle
-when SLURM taught it a limit on its pilots (a submission or a job-count limit,
-`CycleMemory.pilot_limits`), or when the waiting jobs it can run would need more new
-pilots at its packing size than its `caps.max_pilots` (or its learnt limit) leave.
-Its new pilots then take the work's share per allowed pilot: the cores its pilots run
-plus those of the waiting jobs it fits, over the pilots it may hold, between its
-`pack_cpus` and its whole shape. Jobs are packed into them up to that, and the pilot
-asks for at least that: jobs arriving later fill the room instead of waiting for a
-pilot the limit does not give. A limit that allows more pilots than the work needs
-gives pilots of the work's size, so no more cores idle there than where cores are
-the limit.
+allowed pilot should carry its share of the work. A site is *pilot-bound* while SLURM
+has taught it a limit on its pilots (a submission or a job-count limit,
+`CycleMemory.pilot_limits`). Its new pilots then take the work's share per allowed pilot
+(the learnt limit, or `caps.max_pilots` if lower): the cores its pilots run plus those
+of the waiting jobs it fits, over the pilots it may hold, between its `pack_cpus` and
+its whole shape. Jobs are packed into them up to that, and the pilot asks for at least
+that: jobs arriving later fill the room instead of waiting for a pilot the limit does
+not give. A limit that allows more pilots than the work needs gives pilots of the
+work's size, so no more cores idle there than where cores are the limit.
+
+A configured `caps.max_pilots` alone does not make a site pilot-bound: work beyond it
+is most often a burst, and pilots sized up for a burst run part-empty once it drains
+(in the bench's bursty world on the heterogeneous sites that cost 1.5-2 points of
+efficiency, below the plain policy on one seed), where its overflow to the other site
+fills whole pilots.
 
 The reserve's slots are packed into as few new pilots as each site's shape allows
 where, alone, they would wait longer than a pilot waits unclaimed (`pack_reserve`).
@@ -40,11 +44,9 @@ class SiteRowLike(Protocol):
 
 
 def bound_sizes(rows: Iterable[Row], sites: Mapping[str, SiteConfig],
-                room: Mapping[str, int], limits: Mapping[str, int],
-                running: Mapping[str, int]) -> dict[str, int]:
+                limits: Mapping[str, int], running: Mapping[str, int]) -> dict[str, int]:
     """Per pilot-bound site of `sites`, the cores its new pilots take (absent: sized to
     their jobs). `rows`: the real jobs not placed yet, at every site that fits them;
-    `room`: new pilots the site's pilot-count caps allow (absent: no such cap);
     `limits`: the pilots a learnt SLURM limit lets it hold; `running`: the cores its
     pilots' jobs use."""
     cores: dict[str, int] = {}
@@ -55,9 +57,8 @@ def bound_sizes(rows: Iterable[Row], sites: Mapping[str, SiteConfig],
             cores[name] = cores.get(name, 0) + row.left * row.item.cpus
     out = {}
     for name, site in sites.items():
-        pack, left = site.pilot.pack_cpus, room.get(name)
-        short = left is not None and left > 0 and cores.get(name, 0) > left * pack
-        if name not in limits and not short:
+        pack = site.pilot.pack_cpus
+        if name not in limits:
             continue
         allowed = min(limits.get(name, site.caps.max_pilots), site.caps.max_pilots)
         share = math.ceil((running.get(name, 0) + cores.get(name, 0)) / max(1, allowed))

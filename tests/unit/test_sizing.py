@@ -40,10 +40,13 @@ def test_a_site_at_a_learnt_job_limit_gets_pilots_of_the_works_share() -> None:
     assert set(submitted(free)) == {1} and len(submitted(free)) == 50
 
 
-def test_max_pilots_short_of_the_work_packs_and_a_generous_limit_sizes_to_it() -> None:
+def test_max_pilots_alone_keeps_pilots_sized_to_the_work_and_a_generous_limit_too(
+        ) -> None:
+    # 40 jobs, 5 pilots allowed by configuration: a burst; the rest waits or goes
+    # elsewhere, pilots stay sized to their jobs
     tight = site("gsi", cpus=16, target_cpus=1, max_pilots=5, max_pending=50, max_submit=50)
     result = plan(snap([(ONE, 40)]), memory(), config(tight, reserve=NO_RESERVE), NOW)
-    assert submitted(result) == [8] * 5  # 40 cores over 5 pilots
+    assert submitted(result) == [1] * 5
     # a learnt limit of 100 pilots for 40 jobs: pilots of one core (no idle room bought)
     roomy = site("gsi", cpus=16, target_cpus=1, max_pilots=200, max_pending=200,
                  max_submit=200)
@@ -51,31 +54,35 @@ def test_max_pilots_short_of_the_work_packs_and_a_generous_limit_sizes_to_it() -
                                             limit_room={"gsi": 100}),
                   config(roomy, max_submit=200, reserve=NO_RESERVE), NOW)
     assert submitted(result) == [1] * 40
+    # the same learnt limit at 10 pilots: 4 cores each
+    result = plan(snap([(ONE, 40)]), memory(pilot_limits={"gsi": 10}, limit_room={"gsi": 10}),
+                  config(roomy, max_submit=200, reserve=NO_RESERVE), NOW)
+    assert submitted(result) == [4] * 10
 
 
 @settings(max_examples=200, deadline=None)
 @given(cpus=st.integers(1, 64), pack=st.integers(1, 64), allowed=st.integers(1, 500),
-       room=st.integers(0, 500), waiting=st.integers(0, 5000), running=st.integers(0, 5000),
+       cap=st.integers(1, 500), waiting=st.integers(0, 5000), running=st.integers(0, 5000),
        learnt=st.booleans())
 def test_bound_sizes_stay_within_the_shape_and_never_below_the_packing_size(
-        cpus: int, pack: int, allowed: int, room: int, waiting: int, running: int,
+        cpus: int, pack: int, allowed: int, cap: int, waiting: int, running: int,
         learnt: bool) -> None:
     """A bound site's pilots are between its packing size and its whole shape, and carry
-    at least the work's share per allowed pilot where the shape allows; a site neither
-    limited nor short of pilots keeps its packing size."""
+    at least the work's share per allowed pilot (the learnt limit or max_pilots, the
+    lower) where the shape allows; a site without a learnt limit keeps its packing
+    size."""
     pack = min(pack, cpus)
-    s = site("gsi", cpus=cpus, target_cpus=pack, max_pilots=allowed, max_pending=allowed,
-             max_submit=allowed)
+    s = site("gsi", cpus=cpus, target_cpus=pack, max_pilots=cap, max_pending=cap,
+             max_submit=cap)
     row = Row(item_of(ONE), ONE, waiting, ["gsi"])
     limits = {"gsi": allowed} if learnt else {}
-    got = bound_sizes([row], {"gsi": s}, {"gsi": room}, limits, {"gsi": running})
-    short = room > 0 and waiting > room * pack
-    if not learnt and not short:
+    got = bound_sizes([row], {"gsi": s}, limits, {"gsi": running})
+    if not learnt:
         assert got == {}
         return
     size = got.get("gsi", pack)
     assert pack <= size <= cpus
-    share = -(-(waiting + running) // allowed)
+    share = -(-(waiting + running) // min(allowed, cap))
     assert size >= min(cpus, share)
     if "gsi" in got:
         assert size > pack
