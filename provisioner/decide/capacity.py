@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 
-from provisioner.config import Config, SiteConfig
+from provisioner.config import Config, SiteBase
 from provisioner.decide.matching import Row
 from provisioner.decide.packing import (
     INF,
@@ -51,7 +51,7 @@ _PENDING_TIER = _TIERS.index(PilotState.PENDING)
 class SiteRow:
     """Everything one cycle knows and decides about one site."""
 
-    config: SiteConfig
+    config: SiteBase
     known: bool  # squeue answered this cycle
     held: int = 0  # pilots SLURM holds, ENDING ones too (what max_pilots counts)
     pending: int = 0

@@ -31,7 +31,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
-from provisioner.config import SiteConfig
+from provisioner.config import SiteBase
 from provisioner.decide.matching import Row
 from provisioner.decide.packing import NewPilots
 
@@ -39,11 +39,11 @@ from provisioner.decide.packing import NewPilots
 class SiteRowLike(Protocol):
     """What sizing reads of a site's row (`provisioner.decide.capacity.SiteRow`)."""
 
-    config: SiteConfig
+    config: SiteBase
     new: NewPilots | None
 
 
-def bound_sizes(rows: Iterable[Row], sites: Mapping[str, SiteConfig],
+def bound_sizes(rows: Iterable[Row], sites: Mapping[str, SiteBase],
                 limits: Mapping[str, int], running: Mapping[str, int]) -> dict[str, int]:
     """Per pilot-bound site of `sites`, the cores its new pilots take (absent: sized to
     their jobs). `rows`: the real jobs not placed yet, at every site that fits them;
@@ -68,7 +68,7 @@ def bound_sizes(rows: Iterable[Row], sites: Mapping[str, SiteConfig],
     return out
 
 
-def new_pilot_size(site: SiteConfig, used_cpus: int, used_mem: int, used_gpus: int = 0,
+def new_pilot_size(site: SiteBase, used_cpus: int, used_mem: int, used_gpus: int = 0,
                    at_least: int = 0) -> tuple[int, int, int]:
     """(cpus, memory_mb, gpus) of a new pilot holding the given jobs: sized down to them
     (from `min_cpus`, or from `at_least` cores at a pilot-bound site; at least
