@@ -224,7 +224,12 @@ def main(argv: list[str] | None = None) -> int:
     frontier = ""
     if args.frontier:
         args.reserve_sweep, args.seed = args.frontier, seeds[0]
-        frontier = "\n".join(sweep_lines(args))
+        points = [(f"{r.policy} (default)" if r.policy == "ours" else r.policy,
+                   r.wait_p95_s, r.efficiency) for r in results
+                  if r.trace == "steady" and r.seed == seeds[0]]
+        frontier = "\n".join(sweep_lines(args, points))
+        if not args.no_plots and frontier_plot(points, RESULTS / "frontier.png"):
+            print("wrote bench/results/frontier.png", file=sys.stderr)
     on_off = reserve_on_off(seeds, args.days, args.reserve_trace) if args.reserve_trace else ""
     print("", on_off, sep="\n")
     timing = (f"plan() on 100k idle jobs in 500 shapes, 5k pilots, 10 sites: median "
@@ -254,7 +259,10 @@ def sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-def sweep_lines(args: argparse.Namespace) -> list[str]:
+def sweep_lines(args: argparse.Namespace,
+                points: list[tuple[str, float, float]] | None = None) -> list[str]:
+    """The frontier table's lines; each run's (label, wait p95, efficiency) is added to
+    `points` if given (for `frontier_plot`)."""
     lines = ["| reserve factor | trace | wait p95 (s) | wait max (min) | efficiency "
              "| pilots never claimed | sbatch/h |", "|---|---|---|---|---|---|---|"]
     for factor in (float(f) for f in args.reserve_sweep.split(",")):
@@ -266,7 +274,41 @@ def sweep_lines(args: argparse.Namespace) -> list[str]:
                          f"{r.wait_max_s / 60:.0f} | {100 * r.efficiency:.1f} % | "
                          f"{r.pilots_never_claimed} | {r.submissions_per_h:.1f} |")
             print(lines[-1], flush=True)
+            if points is not None:
+                points.append((f"ours, factor {factor:g}", r.wait_p95_s, r.efficiency))
     return lines
+
+
+def frontier_plot(points: list[tuple[str, float, float]], path: Path) -> Path | None:
+    """Wait p95 against efficiency, one point per run (`points`: label, p95, efficiency):
+    the reserve's factors, the default and the baselines on one trace and seed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ours = sorted((p for p in points if p[0].startswith("ours, factor")), key=lambda p: p[2])
+    ax.plot([p[2] * 100 for p in ours], [p[1] for p in ours], "o-", color="tab:blue",
+            label="ours, reserve factors")
+    for label, p95, eff in points:
+        if not label.startswith("ours, factor"):
+            ax.plot(eff * 100, p95, "s" if "ours" in label else "^", markersize=9,
+                    label=label)
+    for label, p95, eff in ours:
+        ax.annotate(label.split()[-1], (eff * 100, p95), textcoords="offset points",
+                    xytext=(4, 4), fontsize=8)
+    ax.set_xlabel("efficiency (%)")
+    ax.set_ylabel("job wait p95 (s)")
+    ax.set_yscale("log")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
 
 
 if __name__ == "__main__":

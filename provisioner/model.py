@@ -198,6 +198,10 @@ class CycleMemory:
     #: job limit, a back-off after a busy sbatch, a refused configuration: 0); absent =
     #: no limit known (`provisioner.decide.limits`).
     limit_room: dict[str, int] = field(default_factory=dict)
+    #: site -> the pilots a learnt SLURM limit (submission or job count) lets it hold:
+    #: its pilots are scarce, and new ones take the work's share of them
+    #: (`provisioner.decide.sizing`); absent = no such limit known.
+    pilot_limits: dict[str, int] = field(default_factory=dict)
     #: sites whose circuit breaker is half-open: their pending pilot is the probe.
     probing: frozenset[str] = frozenset()
     # -- the queue's history, for the predictive reserve (`provisioner.decide.reserve`)
@@ -211,13 +215,17 @@ class CycleMemory:
     #: Distinct times at which jobs arrived within `policy.reserve.evidence_s` (None: not
     #: counted, taken as enough).
     arrival_times: int | None = None
+    #: Distinct arrival times seen within the arrival window (`arrival_window_s`): each
+    #: is at least one job, counted when seen, so jobs that already left the queue (a
+    #: window longer than they run) are not lost, as they are from `recent_arrivals`.
+    arrivals_in_window: int = 0
     #: The largest reserve wanted over the last lead time: the reserve follows the queue
     #: down one lead time late, so noise in its estimate does not release pilots that the
     #: next arrivals need.
     reserve_hold: int = 0
     #: Reserve shapes (cpus, gpus) whose reserve pilot ended by its no-claim shutdown ->
-    #: their recent arrivals then (`NoClaimWatch`): no reserve for them until more have
-    #: arrived.
+    #: the jobs of the shape the idle pilots left then have room for (`NoClaimWatch`):
+    #: the shape's reserve holds no more slots than that until one of its jobs arrives.
     reserve_spent: dict[tuple[int, int], int] = field(default_factory=dict)
     #: Arrival rate (jobs/s) per shape (cpus, gpus) over ``reserve.evidence_s``; a shape
     #: absent: rated from the window's arrivals alone.

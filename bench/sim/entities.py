@@ -28,6 +28,20 @@ class SiteModel:
     submit_limit: int | None = None
     #: sbatch beyond this many per minute fails with "Rate limit exceeded" (None: no limit).
     sbatch_per_min: int | None = None
+    #: Changes of `submit_limit` during the run: (time, the limit from then on; None: no
+    #: limit), in time order (an admin raising, removing or lowering it).
+    submit_limit_changes: tuple[tuple[float, int | None], ...] = ()
+    #: A job-count limit (MaxJobs): the account runs at most this many pilot jobs; more
+    #: are accepted and pend with SLURM's reason `AssocMaxJobsLimit` (None: no limit).
+    job_limit: int | None = None
+
+    def submit_limit_at(self, t: float) -> int | None:
+        """The submit limit in force at time `t`."""
+        limit = self.submit_limit
+        for when, value in self.submit_limit_changes:
+            if when <= t:
+                limit = value
+        return limit
 
     @property
     def name(self) -> str:
@@ -71,6 +85,7 @@ class SimPilot:
     used_gpus: int = 0
     idle_since: float | None = None  # booted and running nothing since (no-claim timer)
     noclaim_ended: bool = False  # ended by its no-claim shutdown
+    limit_reason: str = ""  # pending at its site's job-count limit (SLURM's reason)
 
     @property
     def key(self) -> str:

@@ -71,6 +71,22 @@ def limited_sites() -> list[SiteModel]:
     return [replace(gsi, submit_limit=20, sbatch_per_min=4), frankfurt]
 
 
+def jobcap_sites() -> list[SiteModel]:
+    """The default sites, but the cheaper one (gsi) runs at most 12 of the account's
+    jobs at a time (MaxJobs: more pend with `AssocMaxJobsLimit`), and the other takes
+    whole 40-core nodes only: the number of gsi's pilots is what is scarce."""
+    gsi, frankfurt = default_sites(frankfurt_min_cpus=40)
+    return [replace(gsi, job_limit=12), frankfurt]
+
+
+def limit_change_sites() -> list[SiteModel]:
+    """The submission-limited sites (`limited_sites`), but an admin removes gsi's submit
+    limit after 16 hours and sets it to 8 jobs after 32 hours."""
+    gsi, frankfurt = limited_sites()
+    return [replace(gsi, submit_limit_changes=((16 * 3600.0, None), (32 * 3600.0, 8))),
+            frankfurt]
+
+
 def gpu_sites() -> list[SiteModel]:
     """The default sites with GPUs at gsi only: 4 per 16-core node (pilots ask for as
     many as their jobs use)."""
@@ -82,13 +98,14 @@ def gpu_sites() -> list[SiteModel]:
 
 #: Site sets a scenario runs on.
 SITE_SETS = {"default": default_sites, "hetero": hetero_sites, "limited": limited_sites,
-             "gpu": gpu_sites}
+             "gpu": gpu_sites, "jobcap": jobcap_sites, "limit-change": limit_change_sites}
 #: (trace, site set) pairs `make bench` runs.
 SCENARIOS: tuple[tuple[str, str], ...] = (
     ("steady", "default"), ("bursty", "default"), ("diurnal", "default"),
     ("mixed", "default"), ("steady-4x", "default"), ("trickle", "default"),
     ("steady", "hetero"), ("bursty", "hetero"), ("mixed", "hetero"), ("trickle", "hetero"),
-    ("gpu-mix", "gpu"), ("mixed-rare", "default"),
+    ("gpu-mix", "gpu"), ("mixed-rare", "default"), ("steady", "jobcap"),
+    ("steady", "limit-change"),
 )
 
 

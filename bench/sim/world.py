@@ -147,6 +147,7 @@ class World:
             # Its startd's DaemonStartTime, as the service reads it from the ad.
             joined_at=p.started_at + p.site.boot_s if p.booted and p.started_at is not None
             else None,
+            limit_reason=p.limit_reason if state is PilotState.PENDING else "",
         )
 
     def idle_jobs(self) -> int:
@@ -204,7 +205,7 @@ class World:
             if site.sbatch_per_min is not None and len(recent) >= site.sbatch_per_min:
                 text = ("sbatch: error: Batch job submission failed: Rate limit exceeded, "
                         "please retry momentarily")
-            elif site.submit_limit is not None and held >= site.submit_limit:
+            elif (limit := site.submit_limit_at(self.now)) is not None and held >= limit:
                 text = ("sbatch: error: QOSMaxSubmitJobPerUserLimit\nsbatch: error: Batch "
                         "job submission failed: Job violates accounting/QOS policy (job "
                         "submit limit, user's size and/or time limits)")
@@ -260,8 +261,16 @@ class World:
     def _try_start(self, site_name: str) -> None:
         free = self.node_free[site_name]
         still: list[SimPilot] = []
+        limit = self.sites[site_name].job_limit
+        running = (sum(1 for p in self.pilots.values()
+                       if p.site.name == site_name and p.started_at is not None)
+                   if limit is not None else 0)
         for p in self.pending[site_name]:
             if not p.eligible:
+                still.append(p)
+                continue
+            if limit is not None and running >= limit:
+                p.limit_reason = "AssocMaxJobsLimit"  # SLURM's reason while it pends
                 still.append(p)
                 continue
             for i, node in enumerate(free):
@@ -271,6 +280,8 @@ class World:
                     node[2] -= p.gpus
                     p.node = i
                     p.started_at = self.now
+                    p.limit_reason = ""
+                    running += 1
                     self._at(self.now + p.site.boot_s,
                              "crashed" if p.site.black_hole else "booted", p)
                     self._at(self.now + p.walltime_s, "walltime", p)

@@ -33,9 +33,14 @@ class ReserveConfig(_Model):
     reserve decays by e every lead time; a size the arrivals no longer ask for is held
     one lead time (noise in the estimate does not release pilots the next jobs need).
     A shape whose jobs are too rare to be likely to claim a reserve slot within the
-    pilot's no-claim time gets none (``min_use_chance``), and a reserve pilot that ended
-    by its no-claim shutdown is not replaced for its shape until a job of that shape
-    arrives again (`provisioner.decide.reserve.NoClaimWatch`). A shape whose slot would idle
+    pilot's no-claim time gets none (``min_use_chance``); a reserve pilot that ended by
+    its no-claim shutdown although the forecast made that unlikely is not replaced for
+    its shape until a job of that shape arrives again, while a sparse stream's slot that
+    idled out as expected leaves the likely slots (`provisioner.decide.reserve.
+    NoClaimWatch`, `spent_slots`). Arrivals are counted from the queue and from the
+    distinct arrival times seen, whichever is more (jobs that finished within the window
+    have left the queue). Slots that would wait longer than a pilot waits unclaimed go
+    into shared pilots (`provisioner.decide.sizing.pack_reserve`). A shape whose slot would idle
     longer than ``max_idle_leads`` lead times per use shares the room kept for quicker
     shapes instead of keeping its own (unless no such shape is kept), and a shape keeps
     no more slots than each pay that price (its k-th slot waits for its k-th job).
@@ -179,6 +184,10 @@ class PolicyConfig(_Model):
     #: pilot is tried; still stuck, it is reported again): a cause that goes away (a
     #: negotiator down for longer than stuck_after_s) never strands it for good.
     stuck_retry_s: float = Field(default=3600, gt=0)
+    #: A submission limit learnt from SLURM's refusal is tested again this long after
+    #: the refusal, by one sbatch past it while work waits for the site (refused again:
+    #: twice as long, up to an hour): a limit an admin raised or removed is noticed.
+    limit_probe_s: float = Field(default=300, gt=0)
     reserve: ReserveConfig = ReserveConfig()
     placement: PlacementConfig = PlacementConfig()
     breaker: BreakerConfig = BreakerConfig()

@@ -51,3 +51,38 @@ def departures(size_then: int | None, older_now: int) -> int | None:
     if size_then is None:
         return None
     return max(0, size_then - older_now)
+
+
+@dataclass
+class ArrivalTimes:
+    """The distinct arrival times seen (the newest job's QDate of each cycle that saw a
+    newer one) over ``evidence_s``: the rate of arrival events, which sizes the
+    reserve's window, and a count of arrivals that jobs leaving the queue do not
+    lower."""
+
+    evidence_s: float
+    apart_s: float  # closer times are one arrival (a batch submitted over seconds)
+    times: deque[float] = field(default_factory=deque)
+
+    def count(self, newest: float | None, now: float) -> None:
+        """Remember the newest job's submission time if it is new, that is later than
+        the last one remembered by more than `apart_s`; forget old ones."""
+        if newest is not None and (not self.times or newest > self.times[-1] + self.apart_s):
+            self.times.append(newest)
+        while self.times and self.times[0] < now - self.evidence_s:
+            self.times.popleft()
+
+    def window(self, now: float, least_s: float, gaps: float) -> float:
+        """The arrival window at `now`: `least_s`, or longer when arrivals are sparse, so
+        that it spans `gaps` mean gaps between the times seen (at most ``evidence_s``)."""
+        if not self.times:
+            return self.evidence_s
+        gap = max(now - self.times[0], 0.0) / len(self.times)
+        return max(least_s, min(self.evidence_s, gaps * gap))
+
+    def since(self, start: float) -> int:
+        """The times seen from `start` on."""
+        return sum(1 for t in self.times if t >= start)
+
+    def __len__(self) -> int:
+        return len(self.times)

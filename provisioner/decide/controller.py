@@ -45,13 +45,13 @@ Contract of one cycle, in order (steps 0-4 are `provisioner.service.ticker`'s `t
 from __future__ import annotations
 
 import logging
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from provisioner.config import Config
-from provisioner.decide.arrivals import QueueHistory, departures
+from provisioner.decide.arrivals import ArrivalTimes, QueueHistory, departures
 from provisioner.decide.breaker import SiteBreakers
 from provisioner.decide.cadence import SLACK, CycleMark, Probe, cycle_due
 from provisioner.decide.estimates import Estimates
@@ -140,7 +140,7 @@ class Controller:
     breakers: SiteBreakers = field(init=False)
     #: shapes idle beside fitting unclaimed pilots, and those found stuck
     stuck: StuckGroups = field(init=False)
-    arrivals: deque[float] = field(default_factory=deque)  # distinct arrival times
+    arrivals: ArrivalTimes = field(init=False)  # distinct arrival times
     reserves: deque[tuple[float, int]] = field(default_factory=deque)  # (time, wanted)
     #: reserve pilots that ended unclaimed, and their shapes' arrivals then
     noclaim: NoClaimWatch = field(default_factory=NoClaimWatch)
@@ -159,11 +159,13 @@ class Controller:
     def __post_init__(self) -> None:
         r = self.config.policy.reserve
         self.history = QueueHistory(max(r.window_s, r.evidence_s))
+        self.arrivals = ArrivalTimes(r.evidence_s, self.config.policy.quick_check_s)
         self.estimates = Estimates(self.config.policy.placement)
         b = self.config.policy.breaker
         self.breakers = SiteBreakers(b.threshold, b.base_s, b.max_s)
         self.stuck = StuckGroups(self.config.policy.stuck_after_s,
                                  self.config.policy.stuck_retry_s)
+        self.limits.probe_s = self.config.policy.limit_probe_s
 
     # -- what survives a restart -------------------------------------------------------
     def state(self) -> dict[str, Any]:
@@ -253,13 +255,18 @@ class Controller:
         `MAX_REASKS` times: a match the negotiator made can be lost on the way to the
         pilot (the schedd's claim refused, or sent over a security session that a
         restarted collector no longer knows), and the negotiator's own next cycle may be
-        minutes away."""
-        if idle_jobs is None:
-            idle_jobs = self.probed.idle_jobs if self.probed is not None else 0
+        minutes away. Jobs that arrived since the last look (more idle than then) while
+        room waits for them (an idle pilot, or the reserve the last cycle kept, which
+        may lie in busy pilots) ask too: the negotiator's next cycle may be most of its
+        interval away, and a reserve is kept so that arrivals do not wait."""
+        before = self.probed.idle_jobs if self.probed is not None else 0
+        arrived = idle_jobs is not None and idle_jobs > before and (
+            bool(idle_pilots) or (self.mark is not None and self.mark.reserve > 0))
+        idle_jobs = before if idle_jobs is None else idle_jobs
         new, self.seen_idle = idle_pilots - self.seen_idle, idle_pilots
         if self.config.policy.join_check_s <= 0 or idle_jobs <= 0:
             return False
-        if new:
+        if new or arrived:
             self.asked_at, self.reasks = now, 0
             return True
         if (idle_pilots and self.asked_at is not None
@@ -270,14 +277,10 @@ class Controller:
 
     # -- the reserve's window ----------------------------------------------------------
     def window(self, now: float) -> float:
-        """The arrival window at `now`: ``window_s``, or longer when arrivals are sparse,
-        so that it spans ``window_gaps`` mean gaps between the distinct arrival times seen
-        over the last ``evidence_s`` (at most ``evidence_s``)."""
+        """The arrival window at `now` (`ArrivalTimes.window`: ``window_s``, longer for
+        sparse arrivals)."""
         r = self.config.policy.reserve
-        if not self.arrivals:
-            return r.evidence_s
-        gap = max(now - self.arrivals[0], 0.0) / len(self.arrivals)
-        return max(r.window_s, min(r.evidence_s, r.window_gaps * gap))
+        return self.arrivals.window(now, r.window_s, r.window_gaps)
 
     def arrivals_since(self, now: float) -> float | None:
         """Start of the arrival window to query at `now`; None when the reserve is off."""
@@ -314,7 +317,7 @@ class Controller:
         seen = [p for p in snapshot.pilots if p.site in known]
         since, size_then = self.history.baseline(now, self.window(now))  # as arrivals_since
         if commit:
-            self._count_arrival(snapshot.last_arrival_at, now)
+            self.arrivals.count(snapshot.last_arrival_at, now)
             self.transitions = []
         if commit and snapshot.pool_known:
             self.estimates.observe(seen, now, known)
@@ -326,12 +329,11 @@ class Controller:
                      and (p.name is not None or p.state in _UP)], now)
             self.transitions += self.stuck.observe(snapshot, self.config, now)
             for site in sorted(known):
-                limited: dict[str, int] = {}
-                for p in seen:
-                    if p.site == site and p.limit_reason:
-                        limited[p.limit_reason] = limited.get(p.limit_reason, 0) + 1
-                self.transitions += self.limits.observe(
-                    site, sum(1 for p in seen if p.site == site), limited, now)
+                here = [p for p in seen if p.site == site]
+                limited = Counter(p.limit_reason for p in here if p.limit_reason)
+                started = sum(1 for p in here if p.state is not PilotState.PENDING)
+                self.transitions += [line for line in self.limits.observe(
+                    site, len(here), limited, now, started) if line]
             self.noclaim.observe(snapshot, self.config, now)
         in_flight: dict[str, int] = {}
         for p in seen:
@@ -349,27 +351,19 @@ class Controller:
         snap = replace(snapshot, demand=self.stuck.mark(snapshot.demand),
                        recent_arrivals=self.stuck.mark(snapshot.recent_arrivals))
         window = window if snapshot.recent_arrivals else 0.0
+        times = self.arrivals.since(since) if window else 0
         if commit and snap.scale_down_ok:  # rates from the whole queue only
-            self.rates.observe(snap, window, self.config, now)
+            self.rates.observe(snap, window, self.config, now, times)
         memory = replace(
             self.memory, drained_cycles=drained, estimates=dict(self.estimates.sites),
             submit_limit=self.breakers.limits(now, in_flight),
             limit_room=self.limits.rooms(_held(snapshot.pilots), self.config.site_names, now),
+            pilot_limits={site: c.jobs for site, c in self.limits.caps.items()},
             probing=self.breakers.probing(), arrival_window_s=window, recent_departures=left,
-            arrival_times=len(self.arrivals),
+            arrival_times=len(self.arrivals), arrivals_in_window=times,
             reserve_hold=max((n for _t, n in self.reserves), default=0),
             reserve_spent=self.noclaim.limits(), shape_rates=self.rates.rates(now))
         return snap, memory
-
-    def _count_arrival(self, newest: float | None, now: float) -> None:
-        """Remember the newest job's submission time if it is new, that is later than
-        the last one remembered by more than one quick check (a batch submitted over a
-        few seconds is one arrival time); forget old ones."""
-        apart = self.config.policy.quick_check_s
-        if newest is not None and (not self.arrivals or newest > self.arrivals[-1] + apart):
-            self.arrivals.append(newest)
-        while self.arrivals and self.arrivals[0] < now - self.config.policy.reserve.evidence_s:
-            self.arrivals.popleft()
 
     def remember(self, snapshot: Snapshot, memory: CycleMemory, result: Plan, now: float,
                  idle_ads: frozenset[str] | None = None) -> None:
@@ -478,13 +472,13 @@ class Controller:
                                         action.memory_mb, now, free_cpus=action.cpus,
                                         free_memory_mb=action.memory_mb, gpus=action.gpus,
                                         free_gpus=action.gpus))
-        if error is None:
-            return f"{action.site}: sbatch accepted again" if self.limits.submitted(
-                action.site) else ""
-        self.failed_sites.add(action.site)
         pilots = (self.planned[0].pilots if self.planned is not None else ()) + tuple(
             self.just_sent)
-        return self.limits.refused(action.site, error, _held(pilots).get(action.site, 0), now)
+        held = _held(pilots).get(action.site, 0)
+        if error is None:
+            return self.limits.submitted(action.site, held)
+        self.failed_sites.add(action.site)
+        return self.limits.refused(action.site, error, held, now)
 
     def held_now(self, snapshot: Snapshot) -> dict[str, int]:
         """Pilots each site holds: those of `snapshot` and this cycle's submissions (what

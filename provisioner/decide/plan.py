@@ -9,11 +9,13 @@ site):
 1. `match_demand`: every demand shape to the sites whose largest pilot can run it
    (`provisioner.decide.matching`); shapes no site can run are `Unmatchable` and cause nothing.
    The predictive reserve (`provisioner.decide.reserve`) adds rows after all real demand.
-2. `fill_existing`: rows into capacity that exists: free resources of BUSY then IDLE pilots
-   that can still take work, then the whole shape of STARTING and PENDING pilots.
+2. `fill_existing` (`provisioner.decide.capacity`): rows into capacity that exists: free
+   resources of BUSY then IDLE pilots that can still take work, then the whole shape of
+   STARTING and PENDING pilots.
 3. `fill_new`: what is left into new pilots, each site limited by its caps and the global
    per-cycle cap; real demand at every site first, then the reserve. New pilots are sized
-   down to what they hold (between min_cpus and cpus).
+   down to what they hold (between min_cpus and cpus), or take the site's whole shape
+   where its pilots, not its cores, are scarce (`provisioner.decide.sizing`).
 4. `submissions`: one `Submit` per site and pilot size, and the per-site summary.
 5. `pilot_actions` (`provisioner.decide.scaledown`): flag, unflag, release, cancel, retire.
 
@@ -25,13 +27,21 @@ pilots' capacity still counts.
 from __future__ import annotations
 
 import gc
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from operator import attrgetter
+from dataclasses import dataclass
 
-from provisioner.config import Config, SiteBase
+from provisioner.config import Config
+from provisioner.decide.capacity import (
+    _TIERS,
+    SiteRow,
+    _tier_bound,
+    add_capacity,
+    fill_existing,
+    mark_bound,
+    site_rows,
+)
 from provisioner.decide.matching import (
     Row,
     ShapeMatches,
@@ -42,11 +52,7 @@ from provisioner.decide.matching import (
     unmatchable_reason,
 )
 from provisioner.decide.packing import (
-    INF,
-    NO_SHARE,
     BinGroup,
-    CapacityIndex,
-    GpuShare,
     Item,
     NewPilots,
 )
@@ -60,11 +66,11 @@ from provisioner.decide.placement import (
 )
 from provisioner.decide.reserve import reserve_lead, reserve_rows, reserve_size
 from provisioner.decide.scaledown import carry_over, pilot_actions
+from provisioner.decide.sizing import new_pilot_size, pack_reserve
 from provisioner.model import (
     Action,
     Cap,
     CycleMemory,
-    Pilot,
     PilotState,
     Plan,
     SiteSummary,
@@ -73,49 +79,11 @@ from provisioner.model import (
     by_state,
 )
 
-__all__ = ["SiteRow", "carry_over", "demand_of", "item_of", "plan", "reserve_size",
-           "site_rejects", "unmatchable_reason"]
+__all__ = ["_TIERS", "SiteRow", "carry_over", "demand_of", "item_of", "plan", "reserve_size",
+           "site_rejects", "site_rows", "unmatchable_reason"]
 
-# Existing capacity is used in this order: fill pilots already working first, so idle ones
-# can be released and pending ones cancelled.
-_TIERS: tuple[PilotState, ...] = (
-    PilotState.BUSY,
-    PilotState.IDLE,
-    PilotState.STARTING,
-    PilotState.PENDING,
-)
-_WHOLE = _TIERS.index(PilotState.STARTING)  # from this tier on a pilot counts whole
-_PENDING_TIER = _TIERS.index(PilotState.PENDING)
 #: the states of pilots not yet in the pool
 _NOT_UP = (PilotState.PENDING, PilotState.STARTING)
-
-
-@dataclass
-class SiteRow:
-    """Everything one cycle knows and decides about one site."""
-
-    config: SiteBase
-    known: bool  # squeue answered this cycle
-    held: int = 0  # pilots SLURM holds, ENDING ones too (what max_pilots counts)
-    pending: int = 0
-    existing: dict[int, CapacityIndex] = field(default_factory=dict)  # tier -> index
-    room: dict[Cap, int] = field(default_factory=dict)  # cap -> new pilots it allows
-    new: NewPilots | None = None
-    absorbed: int = 0  # real jobs given to existing capacity
-    absorbed_reserve: int = 0
-    offered_jobs: int = 0  # real jobs offered to new pilots here
-    offered_cpus: int = 0
-    new_jobs: int = 0  # real jobs placed on new pilots
-    new_reserve: int = 0
-
-    @property
-    def name(self) -> str:
-        return self.config.name
-
-    def load(self) -> float:
-        """Share of the site's pilot cap in use, new pilots of this cycle included."""
-        opened = self.new.opened if self.new is not None else 0
-        return (self.held + opened) / max(1, self.config.caps.max_pilots)
 
 
 @dataclass
@@ -143,177 +111,6 @@ class Budget:
         return got
 
 
-def site_rows(snapshot: Snapshot, memory: CycleMemory, config: Config,
-              pending: Sequence[Pilot] | None = None) -> dict[str, SiteRow]:
-    """One `SiteRow` per configured site with its pilot counts, its room for new pilots
-    (the tightest of its caps, its circuit breaker and its SLURM limits; none at a site
-    not read this cycle) and an empty `NewPilots`. `pending`: the snapshot's PENDING
-    pilots, if already sorted out (`by_state`)."""
-    known = {v.name: v.known for v in snapshot.sites}
-    rows = {s.name: SiteRow(s, known.get(s.name, False)) for s in config.sites}
-    # An ENDING pilot is no capacity, but its batch job still holds the allocation until
-    # it leaves SLURM: the cap counts it. (Counted in C; the pending ones apart: a
-    # (site, state) key per pilot cost more than a second pass.)
-    for site, n in Counter(map(_SITE, snapshot.pilots)).items():
-        row = rows.get(site)
-        if row is not None:
-            row.held += n
-    if pending is None:
-        pending = by_state(snapshot.pilots)[PilotState.PENDING]
-    for site, n in Counter(map(_SITE, pending)).items():
-        row = rows.get(site)
-        if row is not None:
-            row.pending += n
-    for s in rows.values():
-        caps = s.config.caps
-        s.room = {
-            Cap.MAX_PILOTS: caps.max_pilots - s.held,
-            Cap.MAX_PENDING: caps.max_pending - s.pending,
-            Cap.SITE_MAX_SUBMIT: caps.max_submit_per_cycle,
-        }
-        limit = memory.submit_limit.get(s.name)
-        if limit is not None:
-            s.room[Cap.BREAKER] = limit
-        limit = memory.limit_room.get(s.name)
-        if limit is not None:
-            s.room[Cap.SLURM_LIMITS] = limit
-        allowed = max(0, min(s.room.values())) if s.known else 0
-        shape = s.config.pilot
-        s.new = NewPilots(shape.cpus, shape.memory_mb, shape.gpus, allowed, shape.pack_cpus)
-    return rows
-
-
-def add_capacity(sites: dict[str, SiteRow], snapshot: Snapshot, now: float,
-                 registry: list[BinGroup], skip: Iterable[str] = (),
-                 states: Mapping[PilotState, Sequence[Pilot]] | None = None) -> None:
-    """Existing capacity as identical-bin groups, one index per site and tier; pilots in
-    `skip` are no capacity. `states`: the snapshot's pilots by state, if already sorted
-    out (`by_state`)."""
-    skip = frozenset(skip)
-    if states is None:
-        states = by_state(snapshot.pilots)
-    # (site, tier, free cpus, memory and GPUs, GPU share's cpus and memory) -> pilots
-    # (its pilots' ends, the pilots): two lists, not a tuple per pilot
-    raw: dict[tuple[str, int, int, int, int, int, int], tuple[list[float], list[Pilot]]] = {}
-    # per site: (walltime of a fresh pilot, shutdown margin), looked up once
-    times = {name: (s.config.pilot.walltime_s, s.config.pilot.shutdown_margin_s)
-             for name, s in sites.items()}
-    # the groups with an end not read off a pilot's `walltime_end` (see below)
-    derived: set[tuple[str, int, int, int, int, int, int]] = set()
-    # tier by tier: the pilots of each (site, tier) keep the snapshot's order
-    for tier, state in enumerate(_TIERS):
-        whole, pending = tier >= _WHOLE, tier == _PENDING_TIER
-        for p in states[state]:
-            if whole:
-                c, m, g = p.cpus, p.memory_mb, p.gpus
-            else:
-                c = p.free_cpus
-                if c <= 0:
-                    continue
-                m, g = p.free_memory_mb, p.free_gpus
-            site_times = times.get(p.site)
-            if site_times is None or p.limit_reason or (skip and p.key in skip):
-                continue  # a pilot pending at a job-count limit is no capacity on its way
-            # when SLURM ends the pilot: a pending pilot gets a full walltime when it starts
-            # (its runtime fit was checked per site), so it has no end yet; a pilot whose end
-            # is not known ends a walltime after its start. Within the shutdown margin of its
-            # end a pilot starts no jobs: no capacity. (Inline: this runs per pilot.)
-            if pending:
-                end, read = INF, False
-            else:
-                known_end = p.walltime_end
-                read = known_end is not None
-                if known_end is None:
-                    start = p.started_at if p.started_at is not None else now
-                    end = start + site_times[0]
-                else:
-                    end = known_end
-                if end - site_times[1] <= now:
-                    continue
-            # the GPU share (`gpu_share`) as plain numbers; a `GpuShare` per group
-            gpus = p.gpus
-            if gpus > 0:
-                key = (p.site, tier, c, m, g, p.cpus // gpus, p.memory_mb // gpus)
-            else:
-                key = (p.site, tier, c, m, g, 0, 0)
-            if not read:
-                derived.add(key)
-            members = raw.get(key)
-            if members is None:
-                raw[key] = ([end], [p])
-            else:
-                members[0].append(end)
-                members[1].append(p)
-    by_index: dict[tuple[str, int], list[BinGroup]] = {}
-    for key, (untils, pilots) in raw.items():
-        site_name, tier, c, m, g, share_c, share_m = key
-        if len(pilots) > 1:  # a pilot alone in its group (common): nothing to sort
-            # latest end first; stable (also reversed): equal ends keep snapshot order
-            if key in derived:
-                order = sorted(range(len(untils)), key=untils.__getitem__, reverse=True)
-                untils, pilots = [untils[i] for i in order], [pilots[i] for i in order]
-            else:  # every end is its pilot's own: two sorts in C, not a permutation
-                untils.sort(reverse=True)
-                pilots.sort(key=_WALLTIME_END, reverse=True)
-        by_index.setdefault((site_name, tier), []).append(
-            BinGroup(c, m, g, untils[0], len(pilots), pilots, untils=untils,
-                     share=GpuShare(share_c, share_m) if share_c or share_m else NO_SHARE))
-    for site_name, tier in sorted(by_index):
-        sites[site_name].existing[tier] = CapacityIndex(by_index[site_name, tier], registry)
-
-
-def fill_existing(rows: Iterable[Row], sites: dict[str, SiteRow], now: float,
-                  floor: Item) -> None:
-    """Stage 2: each row's jobs into existing capacity, tier by tier (running pilots
-    first, pending last), at its sites in the row's order."""
-    tiers = range(len(_TIERS))
-    # per tier: site name -> its index, looked up once, not per row
-    indexes = [{name: s.existing[tier] for name, s in sites.items() if tier in s.existing}
-               for tier in tiers]
-    # per tier: the most cores and memory any site's index may still have free (upper
-    # bounds: fills only lower them; `fresh` says whether they are exact again): a row
-    # larger than that skips the tier
-    bounds = [_tier_bound(at_tier.values()) for at_tier in indexes]
-    fresh = [True for _tier in tiers]
-    for row in rows:
-        deadline = now + (row.item.runtime_s or 0)
-        c, m = row.item.cpus, row.item.memory_mb
-        for tier in tiers:
-            if c <= bounds[tier][0] and m <= bounds[tier][1] and not fresh[tier]:
-                bounds[tier], fresh[tier] = _tier_bound(indexes[tier].values()), True
-            if c > bounds[tier][0] or m > bounds[tier][1]:
-                continue  # no site's index can hold this job (cheap pre-check)
-            at_tier = indexes[tier]
-            for site_name in row.sites:
-                bins = at_tier.get(site_name)
-                # `bins.may_fit(row.item)`, inlined (this runs per row, tier and site):
-                # nothing there can hold this job (cheap pre-check)
-                if bins is None or not bins.keys or bins.max_cpus < c or bins.max_mem < m:
-                    continue
-                got = bins.fill(row.item, row.left, deadline, floor)
-                fresh[tier] = False
-                if row.reserve:
-                    sites[site_name].absorbed_reserve += got
-                else:
-                    sites[site_name].absorbed += got
-                row.left -= got
-                if row.left == 0:
-                    break
-            if row.left == 0:
-                break
-
-
-def _tier_bound(indexes: Iterable[CapacityIndex]) -> tuple[int, int]:
-    """The most free cores and the most free memory of any of the `indexes` (one tier's)."""
-    indexes = list(indexes)
-    return (max(map(_MAX_CPUS, indexes), default=0),
-            max(map(_MAX_MEM, indexes), default=0))
-
-
-_SITE = attrgetter("site")
-_WALLTIME_END = attrgetter("walltime_end")
-_MAX_CPUS = attrgetter("max_cpus")
-_MAX_MEM = attrgetter("max_mem")
 
 
 def fill_new(rows: Iterable[Row], sites: dict[str, SiteRow], global_left: int,
@@ -406,7 +203,9 @@ def _per_pilot(s: SiteRow, row: Row) -> int:
     """How many of the row's jobs one new pilot at `s` takes."""
     p = s.config.pilot
     gpus = p.gpus if row.item.gpus else 0  # CPU-only jobs get pilots without GPUs
-    return row.item.per_bin(min(p.cpus, max(p.pack_cpus, row.item.cpus)), p.memory_mb, gpus)
+    assert s.new is not None
+    pack = s.new.pack_cpus or p.cpus
+    return row.item.per_bin(min(p.cpus, max(pack, row.item.cpus)), p.memory_mb, gpus)
 
 
 def _pilots_left(s: SiteRow, global_left: int) -> int:
@@ -445,16 +244,6 @@ def _place(s: SiteRow, row: Row, n: int, budget: Budget) -> None:
         s.new_jobs += got
 
 
-def _size_new_pilot(site: SiteBase, used_cpus: int, used_mem: int,
-                    used_gpus: int = 0) -> tuple[int, int, int]:
-    """(cpus, memory_mb, gpus) of a new pilot holding the given jobs: GPUs only as many
-    as its jobs use (a GPU site's pilot for CPU-only jobs asks SLURM for none)."""
-    p = site.pilot
-    cpus = min(p.cpus, max(p.min_cpus, used_cpus))
-    memory = min(p.memory_mb, max(p.memory_per_cpu_mb * cpus, used_mem))
-    return cpus, memory, min(p.gpus, used_gpus)
-
-
 def submissions(sites: Iterable[SiteRow], demand: Sequence[Row], global_room: int
                 ) -> tuple[list[Action], list[SiteSummary]]:
     """Stage 4: one `Submit` per site and pilot size, and the per-site summary; a site
@@ -467,8 +256,8 @@ def submissions(sites: Iterable[SiteRow], demand: Sequence[Row], global_room: in
         shapes: dict[tuple[int, int, int], int] = defaultdict(int)
         for g in new.registry:
             if g.count > 0 and g.jobs > 0:
-                shapes[_size_new_pilot(s.config, g.used_cpus, g.used_mem, g.used_gpus)] += (
-                    g.count)
+                shapes[new_pilot_size(s.config, g.used_cpus, g.used_mem, g.used_gpus,
+                                      s.bound)] += g.count
         n_new = sum(shapes.values())
         why = f"{s.new_jobs} idle jobs"
         if s.new_reserve:
@@ -546,8 +335,12 @@ def _plan(snapshot: Snapshot, memory: CycleMemory, config: Config, now: float) -
     floor = Item(cpus=min((r.item.cpus for r in everything), default=1),
                  memory_mb=min((r.item.memory_mb for r in everything), default=0))
     fill_existing(everything, sites, now, floor)
+    mark_bound(sites, rows, snapshot, memory)
     tie = config.policy.placement.tie_share
     global_left = fill_new(rows, sites, config.policy.max_submit_per_cycle, costs, tie)
+    rates = memory.shape_rates
+    pack_reserve(sites.values(), sum(r.jobs for r in ghosts),
+                 sum(rates.values()) if rates else None)
     global_left = fill_new(ghosts, sites, global_left, costs, tie)
     actions, summaries = submissions(sites.values(), rows, global_left)
 

@@ -55,8 +55,9 @@ def reserve_size(matchable_arrivals: int, window_s: float, config: Config,
     arrivals stopped: the reserve decays by e every lead time beyond that."""
     r = config.policy.reserve
     lead = r.lead_s if lead_s is None else lead_s
+    # a factor too small for its tail to differ from one half in floating point is 0
     if (not r.enabled or window_s <= 0 or matchable_arrivals <= 0 or r.max_jobs <= 0
-            or r.factor <= 0):
+            or _tail(r.factor) >= 0.5):
         return 0
     arrived = matchable_arrivals
     left = arrived if departures is None else min(arrived, max(0.0, departures))
@@ -139,16 +140,20 @@ def reserve_rows(snapshot: Snapshot, memory: CycleMemory, config: Config,
         return [], 0
     counts, largest_mb = _groups(snapshot, sites, matches)
     lead = reserve_lead(memory, config)
-    counts, worth = _worth_reserving(counts, memory, config, sites, lead)
+    counts, worth, spent = _worth_reserving(counts, memory, config, sites, lead)
     total = sum(counts.values())
     last = snapshot.last_arrival_at
     quiet = 0.0 if last is None else max(0.0, now - last)
-    size = reserve_size(total, memory.arrival_window_s, config, memory.recent_departures,
-                        quiet, lead)
+    size = reserve_size(seen_arrivals(total, memory.arrivals_in_window),
+                        memory.arrival_window_s, config, memory.recent_departures, quiet, lead)
     if total == 0:
         return [], 0
     quota = _split_within(max(size, min(memory.reserve_hold,
                                         config.policy.reserve.max_jobs)), counts, worth)
+    r = config.policy.reserve
+    for key, (left, mean) in spent.items():
+        quota[key] = spent_slots(quota.get(key, 0), left, mean, r.min_use_chance,
+                                 _tail(r.factor))
     rows: list[Row] = []
     for key, n in quota.items():
         if n <= 0:
@@ -162,6 +167,16 @@ def reserve_rows(snapshot: Snapshot, memory: CycleMemory, config: Config,
             rows.append(Row(item, shape, n, fits, reserve=True))
     rows.sort(key=Row.size_key, reverse=True)
     return rows, size
+
+
+def seen_arrivals(counted: int, times: int) -> int:
+    """The arrivals of a window: `counted` the jobs submitted within it still in the
+    queue, `times` the distinct arrival times seen within it (each at least one job).
+    A window longer than jobs run has lost the finished ones from `counted` (a trickle
+    of hour-long jobs over a two-hour window: about half), never from `times`; neither
+    counts a job that did not arrive, so the larger is the better count. Only arrivals
+    some site can run are counted, so `times` counts only while `counted` does."""
+    return max(counted, times) if counted > 0 else 0
 
 
 def _groups(snapshot: Snapshot, sites: Sequence[SiteBase],
@@ -187,9 +202,10 @@ def _groups(snapshot: Snapshot, sites: Sequence[SiteBase],
 
 def _worth_reserving(counts: Counter[_Key], memory: CycleMemory, config: Config,
                      sites: Sequence[SiteBase], lead: float
-                     ) -> tuple[Counter[_Key], dict[_Key, int]]:
-    """The groups a reserve slot pays for, and how many slots of each pay at most (groups
-    absent: no such limit).
+                     ) -> tuple[Counter[_Key], dict[_Key, int], dict[_Key, tuple[int, float]]]:
+    """The groups a reserve slot pays for, how many slots of each pay at most (groups
+    absent: no such limit), and for the groups of a spent shape (the room left, its
+    jobs expected within a no-claim time) (`spent_slots`).
 
     A group is kept if its first slot pays for its idle time at the price of
     ``reserve.max_idle_leads`` lead times (`lead`: the wait a slot saves) per use
@@ -197,10 +213,11 @@ def _worth_reserving(counts: Counter[_Key], memory: CycleMemory, config: Config,
     common site: its jobs can take that room, which the reserve then replaces; a shape
     alone, as in a trickle of one-core jobs, keeps its own); its next
     job is likely (``reserve.min_use_chance``) to arrive within the no-claim time of a
-    pilot where it would wait (the shortest among the group's sites); and no reserve
-    pilot of its shape ended unclaimed since the group's last arrivals
-    (`CycleMemory.reserve_spent`). A group kept for the price that shares room with another
-    kept group holds at most the slots that each pay (`slots_worth`); one alone holds
+    pilot where it would wait (the shortest among the group's sites). If a reserve
+    pilot that served its shape ended unclaimed since the shape's last arrival
+    (`CycleMemory.reserve_spent`), it holds what `spent_slots` keeps. A group kept for the price
+    that shares room with another kept group holds at most the slots that each pay
+    (`slots_worth`); one alone holds
     what the size gives it."""
     window = memory.arrival_window_s
     chance = config.policy.reserve.min_use_chance
@@ -212,11 +229,9 @@ def _worth_reserving(counts: Counter[_Key], memory: CycleMemory, config: Config,
     room_of: dict[_Key, set[str]] = {}
     slow: dict[_Key, tuple[int, set[str]]] = {}
     kept: list[tuple[int, set[str]]] = []  # (gpus, sites) of the groups that keep room
+    capped: dict[_Key, tuple[int, float]] = {}  # spent groups: (room left, jobs per hold)
     for key, n in counts.items():
         cpus, gpus, desired, matched = key
-        spent = memory.reserve_spent.get((cpus, gpus))
-        if spent is not None and arrived[(cpus, gpus)] <= spent:
-            continue
         names = [s.name for s in sites if (not desired or s.name in desired)
                  and (not matched or s.name in matched)]
         hold = min((noclaim[name] for name in names), default=0)
@@ -227,6 +242,9 @@ def _worth_reserving(counts: Counter[_Key], memory: CycleMemory, config: Config,
             rate *= n / arrived[(cpus, gpus)]
         if 1 - math.exp(-rate * hold) < chance:
             continue
+        spent = memory.reserve_spent.get((cpus, gpus))
+        if spent is not None:  # a slot idled out: (room left then, the likely slots)
+            capped[key] = (spent, rate * hold)
         if leads > 0:
             worth[key] = slots_worth(rate, hold, leads * lead, config.policy.reserve.max_jobs)
             if worth[key] == 0:
@@ -244,7 +262,37 @@ def _worth_reserving(counts: Counter[_Key], memory: CycleMemory, config: Config,
              if sum(1 for g, where in kept if g == key[1] and where & room_of[key]) < 2]
     for key in alone:
         del worth[key]
-    return out, worth
+    return out, worth, {key: c for key, c in capped.items() if key in out}
+
+
+def spent_slots(held: int, left: int, mean: float, chance: float, eps: float) -> int:
+    """The slots a group of a spent shape keeps (`NoClaimWatch`), of the `held` its size
+    gives: `left` the room for it the idle pilots had when its slot idled out, `mean` its
+    jobs expected within a pilot's no-claim time (N ~ Poisson(mean)). Its last slot
+    idles out with probability ``P(N < held)``: no rarer than the reserve's own tail
+    `eps`, the idle-out is what the forecast expects of a sparse stream, and the slots
+    likely to be used (`likely_slots` at `chance`) stay; rarer, the forecast is wrong
+    for this shape, and only the room left is held until its next job."""
+    pmf, below = math.exp(-mean), 0.0
+    for k in range(held):  # P(N < held)
+        below += pmf
+        pmf *= mean / (k + 1)
+    if below < eps:
+        return min(held, left)
+    return min(held, max(left, likely_slots(mean, chance, held)))
+
+
+def likely_slots(mean: float, chance: float, most: int) -> int:
+    """The most slots k (at most `most`) whose job is at least `chance` likely to come:
+    ``P(N >= k) >= chance`` for the jobs N ~ Poisson(`mean`) of a no-claim time."""
+    pmf = math.exp(-mean)  # P(N = k - 1)
+    below = 0.0  # P(N <= k - 2)
+    for k in range(1, most + 1):
+        below += pmf  # P(N <= k - 1)
+        if 1.0 - below < chance:
+            return k - 1
+        pmf *= mean / k
+    return most
 
 
 def slots_worth(rate: float, hold: float, value_s: float, most: int) -> int:
@@ -287,17 +335,22 @@ class ShapeRates:
     like four an hour); the time-weighted mean of the windows' rates over the evidence
     span, zeros included, does not overstate it."""
 
-    samples: list[tuple[float, Counter[tuple[int, int]], float]] = field(
+    samples: list[tuple[float, Mapping[tuple[int, int], float], float]] = field(
         default_factory=list)  # (time, arrivals per shape, window)
 
     def observe(self, snapshot: Snapshot, window_s: float, config: Config,
-                now: float) -> None:
+                now: float, times: int = 0) -> None:
         """Learn the arrivals per shape of `snapshot`, which covers the last
-        `window_s` seconds (0: none read)."""
+        `window_s` seconds (0: none read), in which `times` distinct arrival times were
+        seen: where they are more than the jobs counted (finished jobs left the queue,
+        `seen_arrivals`), each shape's count is scaled up by the same share."""
         if window_s <= 0:
             return
         counts, _memory = _groups(snapshot, config.sites)
-        self.samples.append((now, shape_arrivals(counts), window_s))
+        shapes = shape_arrivals(counts)
+        counted = sum(shapes.values())
+        scale = times / counted if counted and times > counted else 1.0
+        self.samples.append((now, {k: n * scale for k, n in shapes.items()}, window_s))
         span = config.policy.reserve.evidence_s
         self.samples = [s for s in self.samples if s[0] > now - span]
 
@@ -324,12 +377,17 @@ class NoClaimWatch:
     A pilot that a cycle left idle (not released, cancelled or retired) and that is gone
     at the next cycle, well before its walltime margin, ended by itself: its startd's
     no-claim shutdown (`STARTD_NOCLAIM_SHUTDOWN`). While a reserve is held, its shape
-    (cpus, gpus) is remembered with the shape's recent arrivals then; the reserve holds
-    no slot of that shape until more have arrived (an identical pilot for the same
-    forecast would wait the same way), or for ``reserve.evidence_s`` at most."""
+    (cpus, gpus) (a pilot that held several slots: the largest arriving shape it fits)
+    is *spent*, with the room for the shape the idle pilots left then have, until a job
+    of the shape arrives again, or for ``reserve.evidence_s`` at most (`spent_slots`:
+    what its reserve keeps meanwhile). An arrival is seen as the shape's count of recent
+    arrivals rising from one cycle to the next (the count itself falls and rises as jobs
+    finish and the window slides, so no fixed count marks "more")."""
 
     left_idle: dict[str, Pilot] = field(default_factory=dict)  # key -> as last seen
-    spent: dict[tuple[int, int], tuple[float, int]] = field(default_factory=dict)
+    #: shape -> (when it was spent, its count of recent arrivals at the last cycle, the
+    #: room for it the idle pilots left then had)
+    spent: dict[tuple[int, int], tuple[float, int, int]] = field(default_factory=dict)
 
     def observe(self, snapshot: Snapshot, config: Config, now: float) -> None:
         """Learn from `snapshot` (a committed cycle's) which idle pilots ended by
@@ -339,15 +397,24 @@ class NoClaimWatch:
         margin = {s.name: s.pilot.shutdown_margin_s for s in config.sites}
         counts, _memory = _groups(snapshot, config.sites)
         arrived = shape_arrivals(counts)
+        keep = config.policy.reserve.evidence_s
+        self.spent = {shape: (t, arrived[shape], left)
+                      for shape, (t, n, left) in self.spent.items()
+                      if now - t < keep and arrived[shape] <= n}
         for key, p in self.left_idle.items():
             if key in present or p.site not in known or p.site not in margin:
                 continue
             end = p.walltime_end
-            if end is None or now < end - margin[p.site]:
-                self.spent[(p.cpus, p.gpus)] = (now, arrived[(p.cpus, p.gpus)])
-        keep = config.policy.reserve.evidence_s
-        self.spent = {shape: (t, n) for shape, (t, n) in self.spent.items()
-                      if now - t < keep and arrived[shape] <= n}
+            if end is not None and now >= end - margin[p.site]:
+                continue
+            # its shape; a pilot that held several slots: the largest arriving shape in it
+            fits = [a for a in arrived if a[0] <= p.cpus and a[1] <= p.gpus]
+            shape = (p.cpus, p.gpus) if (p.cpus, p.gpus) in arrived else max(
+                fits, default=(p.cpus, p.gpus))
+            left = _idle_slots(snapshot.pilots, shape)
+            before = self.spent.get(shape)
+            self.spent[shape] = (now, arrived[shape],
+                                 left if before is None else min(before[2], left))
 
     def after(self, snapshot: Snapshot, actions: Iterable[Action], reserve: int) -> None:
         """The pilots this cycle leaves idle, while it holds a reserve (`reserve` slots)."""
@@ -357,7 +424,15 @@ class NoClaimWatch:
 
     def limits(self) -> dict[tuple[int, int], int]:
         """For `CycleMemory.reserve_spent`."""
-        return {shape: n for shape, (_t, n) in self.spent.items()}
+        return {shape: left for shape, (_t, _n, left) in self.spent.items()}
+
+
+def _idle_slots(pilots: Iterable[Pilot], shape: tuple[int, int]) -> int:
+    """Jobs of `shape` (cpus, gpus) the idle pilots of `pilots` have the cores and GPUs
+    for."""
+    cpus, gpus = shape
+    return sum(min(p.free_cpus // max(1, cpus), p.free_gpus // gpus if gpus else p.free_cpus)
+               for p in pilots if p.state is PilotState.IDLE)
 
 
 def _split_within(size: int, counts: Counter[_Key], most: Mapping[_Key, int]

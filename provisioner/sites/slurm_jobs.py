@@ -10,6 +10,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from provisioner.decide.limits import JOB_LIMIT_REASONS
 from provisioner.sites.base import SiteJob, SiteJobState
 
 log = logging.getLogger(__name__)
@@ -51,10 +52,39 @@ RELEASE_SIGNAL = "USR1"
 RETIRE_SIGNAL = "USR2"
 UNRETIRE_SIGNAL = "CONT"
 
-#: Job-count limits (MaxJobs, GrpJobs): sbatch accepts, the job pends with this reason.
-JOB_LIMIT_REASONS = frozenset({"QOSMaxJobsPerUserLimit", "QOSMaxJobsPerAccountLimit",
-                               "QOSGrpJobsLimit", "AssocMaxJobsLimit", "AssocGrpJobsLimit",
-                               "AssociationJobLimit"})
+
+#: A pending job's reason that is SLURM's ordinary wait: the job starts once the cluster
+#: has room (or its own hold, dependency, begin time is met): capacity on its way.
+WAIT_REASONS = frozenset({
+    "None", "Priority", "Resources", "Dependency", "Prolog", "BeginTime", "Licenses",
+    "Reservation", "ReqNodeNotAvail", "PartitionNodeLimit", "PartitionTimeLimit",
+    "PartitionDown", "PartitionInactive", "PartitionConfig", "JobHeldAdmin", "JobHeldUser",
+    "NodeDown", "FrontEndDown", "BadConstraints", "Cleaning", "DependencyNeverSatisfied",
+    "JobArrayTaskLimit", "AssociationResourceLimit", "AssociationTimeLimit",
+    "QOSResourceLimit", "QOSTimeLimit", "QOSUsageThreshold", "QOSNotAllowed",
+    "AccountNotAllowed", "InvalidAccount", "InvalidQOS", "PriorityResources",
+    "PowerNotAvail", "PowerReserved", "BurstBufferResources", "BurstBufferStageIn",
+    "BurstBufferOperation", "NodeNotAvail", "Configuring", "SchedDefer"})
+#: Resource limits of an association or QOS (cores, memory, nodes, GPUs, billing,
+#: minutes, walltime): the job waits until the account's other jobs free them.
+_RESOURCE_LIMIT = re.compile(
+    r"^(QOS|Assoc)\w*(Cpu|CPU|Mem|Node|Wall|Billing|Energy|GRES|Gres|TRES|License|VMem|"
+    r"Pages|FS|Fs|BB|Unk)\w*$")
+
+
+def unusual_reason(reason: str) -> str:
+    """A pending job's reason for `plan()`: "" for SLURM's ordinary wait (`WAIT_REASONS`,
+    a resource limit), the reason itself otherwise: a job-count limit
+    (`provisioner.decide.limits.JOB_LIMIT_REASONS`) or a reason this provisioner does not
+    know (another SLURM version's words), which is then no capacity on its way."""
+    reason = reason.strip()
+    # "ReqNodeNotAvail, UnavailableNodes:n1" and the like: the name is the first word
+    name = re.split(r"[,:( ]", reason, maxsplit=1)[0]
+    if not name or name in WAIT_REASONS or (
+            _RESOURCE_LIMIT.match(name) and name not in JOB_LIMIT_REASONS):
+        return ""
+    return name
+
 
 def _number(value: Any) -> float | None:
     """squeue JSON numbers are plain or {"set": bool, "infinite": bool, "number": n}."""
@@ -110,8 +140,7 @@ def parse_squeue(doc: Mapping[str, Any], job_name: str) -> list[SiteJob]:
         if state is None:
             continue
         reason = str(job.get("state_reason") or "")
-        limited = reason if (state is SiteJobState.PENDING
-                             and reason in JOB_LIMIT_REASONS) else ""
+        limited = unusual_reason(reason) if state is SiteJobState.PENDING else ""
         cpus = int(_number(job.get("cpus")) or 0)
         mem = _number(job.get("memory_per_node"))
         if mem is None:

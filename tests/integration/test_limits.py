@@ -7,7 +7,10 @@ user already holds as many jobs as /etc/slurm-SITE/job-limit says; the test writ
 file and removes it (without it the plugin changes nothing). A burst of 4-core jobs,
 more than the limit lets the site take: at most one refused submission per cycle
 there, the overflow runs at the other site, every job completes, and the log and
-`provisioner status` say "SITE: at its submission limit (2 jobs)".
+`provisioner status` say "SITE: at its submission limit (2 jobs)". Then gsi's admin
+removes the limit while work still waits: one sbatch past the learnt limit is accepted,
+the service says the limit was raised or removed, and gsi takes more pilots than the
+old limit.
 """
 
 from __future__ import annotations
@@ -29,10 +32,12 @@ REFUSED = "job_submit.lua: refused a job"
 OTHER = {"gsi": "frankfurt", "frankfurt": "gsi"}
 
 
-def _roomy(limited: str) -> Callable[[dict], None]:  # type: ignore[type-arg]
+def _roomy(limited: str, probe_s: float = 3600) -> Callable[[dict], None]:  # type: ignore[type-arg]
     """The limited site's own caps above the account's limit, so that SLURM's limit is
-    the one that bites, and that site tried first; the other takes two pilots."""
+    the one that bites, and that site tried first; the other takes two pilots. A learnt
+    limit is tested again after `probe_s` (an hour: not within the first test)."""
     def edit(data: dict) -> None:  # type: ignore[type-arg]
+        data["policy"]["limit_probe_s"] = probe_s
         for s in data["sites"]:
             if s["name"] == limited:
                 s["caps"] = {"max_pilots": 4, "max_pending": 4, "max_submit_per_cycle": 4}
@@ -125,7 +130,7 @@ def test_a_burst_beyond_the_submit_limit_overflows_to_the_other_site(
             wait_for("no pilot left in the collector", lambda: not pilot_ads(), 300, step=2)
         refused = _refusals(site) - before
         # SLURM itself counted the refusals: at least one, never more than one a cycle,
-        # and none once the limit was learnt (it is kept for an hour)
+        # and none once the limit was learnt (it is tested again only after an hour)
         assert refused == 1, (refused, cycles, svc.text())
         assert watch.most[site] <= LIMIT, (watch.most, watch.story())
         assert len(watch.seen[other]) >= 2, watch.story()
@@ -134,3 +139,40 @@ def test_a_burst_beyond_the_submit_limit_overflows_to_the_other_site(
         print(f"--- service log ({svc.log}) ---\n{svc.text()}")
         clean_pool()
     assert_completed("limit", 4)
+
+
+PROBE_S = 15
+
+
+def test_a_submit_limit_the_admin_removed_is_noticed(limited: None) -> None:
+    """Six 4-core jobs that run until their gate opens: gsi takes 2 (its limit),
+    Frankfurt 2, two wait. The admin removes the limit; within a test of the limit
+    (PROBE_S after the refusal, doubling while refused) gsi's next sbatch is accepted
+    and the service takes the waiting jobs there."""
+    clean_pool()
+    directory = service_dir()
+    svc = Service(write_config(directory, _roomy("gsi", PROBE_S)), directory / "service.log")
+    before = _refusals("gsi")
+    cluster = submit_gated("unlimit", 6, extra="request_cpus = 4\n")
+    try:
+        with SiteWatch() as watch:
+            svc.start()
+            wait_for("the limit learnt",
+                     lambda: f"gsi: at its submission limit ({LIMIT} jobs)" in svc.text(), 120)
+            LIMIT_FILE.unlink()  # the admin removed the account's limit
+            wait_for("the removed limit noticed",
+                     lambda: "the limit was raised or removed" in svc.text(), 6 * PROBE_S + 60)
+            wait_for("gsi past its old limit", lambda: watch.most["gsi"] > LIMIT, 90)
+            wait_for("all jobs done", lambda: gated_jobs_left(cluster) == 0, 300, step=2)
+            wait_for("no pilot left in SLURM",
+                     lambda: not pilot_ids("gsi") and not pilot_ids("frankfurt"), 240, step=2)
+            wait_for("no pilot left in the collector", lambda: not pilot_ads(), 300, step=2)
+        refused = _refusals("gsi") - before
+        assert 1 <= refused <= 3, (refused, svc.text())  # the first, and refused tests
+        line = next(x for x in svc.text().splitlines() if "raised or removed" in x)
+        assert "gsi" in line and f"({LIMIT} jobs" in line, line
+    finally:
+        svc.stop()
+        print(f"--- service log ({svc.log}) ---\n{svc.text()}")
+        clean_pool()
+    assert_completed("unlimit", 6)

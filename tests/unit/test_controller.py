@@ -111,12 +111,12 @@ def test_reserve_is_held_one_lead_time_and_sparse_arrivals_widen_the_window() ->
     r = ctl.config.policy.reserve
     assert ctl.window(1000.0) == r.evidence_s  # nothing seen yet: the widest window
     for i in range(40):  # one arrival every 30 s
-        ctl._count_arrival(1000.0 + 30 * i, 1000.0 + 30 * i)
-    ctl._count_arrival(2175.0, 2175.0)  # within a quick check of the last: the same batch
+        ctl.arrivals.count(1000.0 + 30 * i, 1000.0 + 30 * i)
+    ctl.arrivals.count(2175.0, 2175.0)  # within a quick check of the last: the same batch
     assert len(ctl.arrivals) == 40
     assert ctl.window(2200.0) == r.window_s
     for i in range(6):  # then one every 10 minutes
-        ctl._count_arrival(10000.0 + 600 * i, 10000.0 + 600 * i)
+        ctl.arrivals.count(10000.0 + 600 * i, 10000.0 + 600 * i)
     # the evidence now holds 6 arrivals over 3000 s: the window spans 8 of their gaps
     assert ctl.window(13000.0) == r.window_gaps * 3000 / 6 > r.window_s
     snap, memory = Snapshot(demand=(), pilots=(), sites=()), CycleMemory()

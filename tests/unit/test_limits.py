@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
+from itertools import pairwise
 
 import pytest
 from hypothesis import given, settings
@@ -271,12 +272,149 @@ def test_at_most_one_refused_sbatch_per_site_per_cycle(
         now += 300
 
 
-def test_learnt_limits_survive_a_restart_and_are_forgotten_after_an_hour() -> None:
-    limits = SiteLimits(forget_s=3600)
+def test_learnt_limits_survive_a_restart_and_a_submission_limit_is_tested_again() -> None:
+    limits = SiteLimits(probe_s=300)
     limits.refused("gsi", AtLimit("x", "QOSMaxSubmitJobPerUserLimit"), 20, NOW)
-    again = SiteLimits()
+    again = SiteLimits(probe_s=300)
     again.load(limits.to_dict())
     assert again.room("gsi", 19, NOW) == 1 and again.room("gsi", 20, NOW) == 0
     assert "at its submission limit (20 jobs" in again.describe("gsi", 20, NOW)
-    assert "forgotten" in again.observe("gsi", 20, {}, NOW + 3600)[0]
-    assert again.room("gsi", 20, NOW + 3600) is None
+    # no timer forgets it: after probe_s one sbatch past it, no more
+    assert again.room("gsi", 20, NOW + 299) == 0
+    assert again.room("gsi", 20, NOW + 300) == 1 and again.room("gsi", 21, NOW + 300) == 0
+    assert "tests it" in again.describe("gsi", 20, NOW + 300)
+    # refused again: learnt again, the next test twice as late
+    line = again.refused("gsi", AtLimit("x", "QOSMaxSubmitJobPerUserLimit"), 20, NOW + 300)
+    assert "600 s" in line
+    assert again.room("gsi", 20, NOW + 300 + 599) == 0
+    assert again.room("gsi", 20, NOW + 300 + 600) == 1
+    # accepted past it: the limit was raised or removed, and is dropped
+    line = again.submitted("gsi", 21)
+    assert "raised or removed" in line and "gsi" not in again.caps
+    assert again.room("gsi", 21, NOW + 900) is None
+    # an old journal's entry (no probe time) is tested probe_s after it was learnt
+    old = SiteLimits(probe_s=300)
+    old.load({"gsi": {"jobs": 2, "kind": "submission limit", "reason": "r",
+                      "learnt_at": NOW}})
+    assert old.room("gsi", 2, NOW + 300) == 1
+
+
+def test_a_job_limit_is_kept_while_slurm_gives_its_reason_and_dropped_when_raised() -> None:
+    limits = SiteLimits()
+    events = limits.observe("gsi", 5, {"AssocMaxJobsLimit": 2}, NOW, started=3)
+    assert "at its job limit (3 jobs)" in events[0]
+    # no timer: a day later, still pending with the reason, still kept, no room
+    for hours in (1, 2, 24):
+        assert limits.observe("gsi", 5, {"AssocMaxJobsLimit": 2}, NOW + hours * 3600,
+                              started=3) == []
+        assert limits.room("gsi", 5, NOW + hours * 3600) == 0
+    # the reason gone (the pending ones cancelled): one pilot past the limit tests it
+    events = limits.observe("gsi", 3, {}, NOW + 90000, started=3)
+    assert "tests it" in events[0]
+    assert limits.room("gsi", 3, NOW + 90000) == 1 and limits.room("gsi", 4, NOW) == 0
+    # it pends with the reason again: kept, no test
+    limits.observe("gsi", 4, {"AssocMaxJobsLimit": 1}, NOW + 90100, started=3)
+    assert limits.room("gsi", 4, NOW + 90100) == 0 and not limits.caps["gsi"].probing
+    # an admin raised it: the pending one starts, the next test starts too: dropped
+    limits.observe("gsi", 4, {}, NOW + 90200, started=4)
+    assert "gsi" not in limits.caps
+    assert limits.room("gsi", 4, NOW + 90200) is None
+
+
+def test_an_unknown_pending_reason_is_named_once_per_site_never_capacity_nor_a_limit(
+        ) -> None:
+    doc = {"jobs": [squeue_job(1, "PENDING", state_reason="QOSMaxJobsPerUserLimitNew"),
+                    squeue_job(2, "PENDING", state_reason="ReqNodeNotAvail, UnavailableNodes:n1"),
+                    squeue_job(3, "PENDING", state_reason="AssocGrpCpuLimit")]}
+    jobs = {j.job_id: j.limit_reason for j in parse_squeue(doc, "htcpilot-t")}
+    assert jobs == {"1": "QOSMaxJobsPerUserLimitNew", "2": "", "3": ""}
+    cfg = config(site("gsi", cpus=4, weight=2.0), site("fra", cpus=4))
+    odd = replace(pilot("7", PilotState.PENDING, cpus=4, memory_mb=16000),
+                  limit_reason="QOSMaxJobsPerUserLimitNew")
+    ctl = Controller(cfg)
+    result = ctl.cycle(snap([(SHAPE, 2)], [odd], sites=("gsi", "fra")), NOW)
+    named = [t for t in ctl.transitions if "QOSMaxJobsPerUserLimitNew" in t]
+    assert len(named) == 1 and "gsi" in named[0]
+    assert "gsi" not in ctl.limits.caps  # not learnt as a limit
+    # not capacity on its way: both jobs get new pilots
+    assert sum(a.count for a in result.submits) == 2
+    ctl.cycle(snap([(SHAPE, 2)], [odd], sites=("gsi", "fra")), NOW + 60)
+    assert not [t for t in ctl.transitions if "QOSMaxJobsPerUserLimitNew" in t]
+
+
+@settings(max_examples=60, deadline=None)
+@given(first=st.integers(0, 8), second=st.one_of(st.none(), st.integers(0, 12)),
+       change=st.integers(1, 20), leave=st.lists(st.integers(0, 2), min_size=40,
+                                                  max_size=40))
+def test_a_changed_submission_limit_is_noticed_with_one_refused_sbatch_per_test(
+        first: int, second: int | None, change: int, leave: list[int]) -> None:
+    """A site whose submit limit changes (or goes) while work waits: each cycle sends
+    sbatch up to the learnt room and stops at the first refusal; at most one sbatch
+    past a learnt limit per test, and a raised or removed limit is noticed within the
+    longest wait between tests."""
+    limits = SiteLimits(probe_s=300, probe_max_s=1200)
+    held, now, refused_at = 0, NOW, []
+    noticed = None
+    for step, gone in enumerate(leave):
+        cap = first if step < change else second
+        held = max(0, held - gone)
+        room = limits.room("gsi", held, now)
+        before = limits.caps.get("gsi")
+        sent = 0
+        for _ in range(6 if room is None else min(room, 6)):
+            if cap is not None and held >= cap:
+                limits.refused("gsi", AtLimit("x", "AssocMaxSubmitJobLimit"), held, now)
+                refused_at.append(now)
+                break
+            held += 1
+            sent += 1
+            limits.submitted("gsi", held)
+        if before is not None:  # a learnt limit: at most one sbatch past it
+            assert held <= max(before.jobs + 1, held - sent)
+        if step >= change and (second is None or second > first) and noticed is None \
+                and "gsi" not in limits.caps:
+            noticed = now
+        now += 60
+    # refusals: at most one per cycle, and a learnt limit is tested no more often than
+    # every probe_s
+    assert len(refused_at) == len(set(refused_at))
+    gaps = [b - a for a, b in pairwise(refused_at)]
+    assert all(g >= 300 for g in gaps if g > 0) or len(refused_at) <= 1 or all(
+        g >= 60 for g in gaps)
+    if (second is None or second > first + 6) and change + 22 < len(leave):
+        assert noticed is not None and noticed - (NOW + 60 * change) <= 1200 + 60
+
+
+@settings(max_examples=60, deadline=None)
+@given(limit=st.integers(0, 6), raised=st.one_of(st.none(), st.integers(7, 15)),
+       change=st.integers(2, 15), ends=st.lists(st.integers(0, 2), min_size=30,
+                                                  max_size=30))
+def test_a_job_limit_lets_at_most_one_pilot_past_it_and_follows_the_site(
+        limit: int, raised: int | None, change: int, ends: list[int]) -> None:
+    """A site that runs at most `limit` pilots (then `raised`, or no limit) and pends
+    the rest with SLURM's reason; the service wants many pilots. Once a limit is
+    learnt, no more than one pilot beyond it is added while it holds, and a raised or
+    removed limit is learnt anew or dropped."""
+    limits = SiteLimits()
+    running, pending, now = 0, 0, NOW
+    dropped_after_raise = None
+    for step, gone in enumerate(ends):
+        cap = limit if step < change else raised
+        running = max(0, running - gone)
+        start = pending if cap is None else max(0, min(pending, cap - running))
+        running, pending = running + start, pending - start
+        limited = {"AssocMaxJobsLimit": pending} if pending else {}
+        limits.observe("gsi", running + pending, limited, now, started=running)
+        learnt = limits.caps.get("gsi")
+        room = limits.room("gsi", running + pending, now)
+        add = 10 if room is None else room
+        if learnt is not None and cap == limit and step < change:
+            assert learnt.jobs == limit or not limited
+            assert add == 0 or running + pending + add <= learnt.jobs + 1
+        pending += add
+        if step >= change and dropped_after_raise is None and (
+                learnt is None or learnt.jobs == raised):
+            dropped_after_raise = step
+        now += 60
+    if change + 4 < len(ends):
+        assert dropped_after_raise is not None

@@ -94,10 +94,13 @@ def test_the_rate_of_a_rare_shape_counts_the_windows_that_did_not_see_it() -> No
 
 
 def test_a_reserve_pilot_that_ended_unclaimed_is_not_replaced_for_the_same_forecast() -> None:
+    """The forecast (60 8-core jobs in the window: about ten within a no-claim time)
+    said the slot would surely be used; it idled out: the forecast is wrong for the
+    shape, and no slot of it is held until one of its jobs arrives."""
     cfg = config(site(target_cpus=1, max_pilots=50, max_pending=50, max_submit=50),
                  reserve=WATCHED)
     ctl = Controller(cfg)
-    arrivals = [(ONE, 60), (EIGHT, 6)]
+    arrivals = [(ONE, 60), (EIGHT, 60)]
     idle8 = pilot("8", PilotState.IDLE, cpus=8, memory_mb=16000, submitted=NOW - 3660)
     first = ctl.cycle(*seen(arrivals, NOW, [idle8]))
     assert first.reserve_held and not any(a.pilot == idle8 for a in first.actions
@@ -107,8 +110,26 @@ def test_a_reserve_pilot_that_ended_unclaimed_is_not_replaced_for_the_same_forec
     assert not any(isinstance(a, Submit) and a.cpus == 8 for a in second.actions)
     assert any(isinstance(a, Submit) and a.cpus == 1 for a in second.actions)
     # more 8-core jobs arrived: a new forecast, and a reserve pilot for it
-    third = ctl.cycle(*seen([(ONE, 60), (EIGHT, 7)], NOW + 1400))
+    third = ctl.cycle(*seen([(ONE, 60), (EIGHT, 61)], NOW + 1400))
     assert any(isinstance(a, Submit) and a.cpus == 8 for a in third.actions)
+
+
+def test_a_sparse_streams_reserve_that_idled_out_as_expected_keeps_its_likely_slots(
+        ) -> None:
+    """Six 8-core jobs in two hours: about one within a no-claim time, so a slot idles
+    out about one time in three. One that did is no evidence against the forecast: the
+    slot likely to be used is held again (before, every such idle-out dropped the
+    shape's reserve until its next job, which then waited for a new pilot)."""
+    cfg = config(site(target_cpus=1, max_pilots=50, max_pending=50, max_submit=50),
+                 reserve=WATCHED.model_copy(update={"min_use_chance": 0.5}))
+    ctl = Controller(cfg)
+    arrivals = [(EIGHT, 6)]
+    idle8 = pilot("8", PilotState.IDLE, cpus=8, memory_mb=16000, submitted=NOW - 3660)
+    first = ctl.cycle(*seen(arrivals, NOW, [idle8]))
+    assert first.reserve_held
+    second = ctl.cycle(*seen(arrivals, NOW + 1300))
+    assert (8, 0) in ctl.noclaim.spent
+    assert [a.cpus for a in second.actions if isinstance(a, Submit)] == [8]
 
 
 def test_a_pilot_released_or_at_its_walltime_is_no_noclaim_shutdown() -> None:
