@@ -6,11 +6,13 @@ read back (over SSH from its file; over REST from its job's comment)."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 
 import htcondor2 as htcondor
 import pytest
 from conftest import SITES, service_config
+from pilottokens import list_live, mint
 from test_loop import clean_pool, wait_for
 
 from provisioner.pilot.script import render_pilot_script
@@ -41,9 +43,12 @@ def test_a_pilot_through_the_site_interface(clean: None, site: str) -> None:
     cfg = config.site(site)
     backend = make_backend(cfg, config.pool)
     cpus = cfg.pilot.min_cpus
+    # its own token, as the service mints one, listed live in the tests' list
+    token = mint(f"pilot-{site}-{uuid.uuid4().hex[:12]}@testbed", lifetime_s=1800)
+    list_live(token)
     request = PilotRequest(cpus=cpus, memory_mb=cfg.pilot.memory_per_cpu_mb * cpus,
                            walltime_s=900, shutdown_margin_s=cfg.pilot.shutdown_margin_s,
-                           script=render_pilot_script(config, cfg, 900, 0))
+                           script=render_pilot_script(config, cfg, 900, 0, token=token.text))
     job_id = backend.submit(request)
     try:
         wait_for("the pilot listed running",
@@ -63,3 +68,4 @@ def test_a_pilot_through_the_site_interface(clean: None, site: str) -> None:
         backend.cancel(job_id)  # gone already: no error
     finally:
         backend.cancel(job_id)
+        list_live()

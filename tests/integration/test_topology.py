@@ -15,6 +15,7 @@ from pathlib import Path
 import htcondor2 as htcondor
 import pytest
 from conftest import HOSTS, LOGIN, SITES, WORKERS, run, service_config, slurm
+from pilottokens import list_live, mint
 
 from provisioner.pilot.script import render_pilot_script
 
@@ -46,8 +47,12 @@ def gsi_pilot() -> Iterator[htcondor.classad.ClassAd]:
     config = service_config()
     site = config.site("gsi")
     script = Path("/home/pilot") / f"topology-{uuid.uuid4().hex}.sh"
-    script.write_text(render_pilot_script(config, site, 900))
+    # its own token, as the service mints one, listed live in the tests' list
+    token = mint(f"pilot-gsi-{uuid.uuid4().hex[:12]}@testbed", lifetime_s=1800)
+    list_live(token)
+    script.touch(mode=0o600)
     os.chown(script, 2002, 2002)
+    script.write_text(render_pilot_script(config, site, 900, token=token.text))
     job_id = slurm("gsi", ["sbatch", "--parsable", "--job-name=htcpilot-topology",
                            "--cpus-per-task=1", "--mem=1000M", "--time=15",
                            "--output=/var/log/pilots/topology-%j.out", str(script)],
@@ -66,6 +71,7 @@ def gsi_pilot() -> Iterator[htcondor.classad.ClassAd]:
     finally:
         slurm("gsi", ["scancel", "--batch", "--signal=TERM", job_id], check=False)
         script.unlink(missing_ok=True)
+        list_live()
 
 
 def test_workers_refuse_outside_connections_yet_jobs_run_through_ccb(
