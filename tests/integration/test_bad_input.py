@@ -3,8 +3,10 @@ scale-down or submission based on missing data (real daemons, real failures)."""
 
 from __future__ import annotations
 
+import configparser
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -77,14 +79,33 @@ def test_unreachable_collector_is_unknown_not_empty(tmp_path: Path, one_idle_job
         assert {p.key for p in pending} <= cancelled, empty.plan.actions  # type: ignore[attr-defined]
 
 
+#: The login nodes' SSH gate's settings: the SLURM configurations it lets commands name.
+GATE_INI = Path("/etc/provisioner-gate.ini")
+
+
+@pytest.fixture
+def gate_ini() -> Iterator[None]:
+    """The gate's settings as they were, after a test that allowed more."""
+    saved = GATE_INI.read_text()
+    yield
+    GATE_INI.write_text(saved)
+
+
 def _dead_slurmctld() -> dict[str, object]:
-    """gsi (SSH) with a SLURM configuration whose controller port nobody listens on."""
+    """gsi (SSH) with a SLURM configuration whose controller port nobody listens on,
+    allowed by the site's gate as an admin would allow a new configuration (else the
+    gate refuses it before squeue runs, which test_site_gate.py covers)."""
     conf = Path("/etc/slurm-gsi/slurm.conf").read_text()
     # squeue runs as the pilot account: the configuration must be readable by it.
     dead = Path(tempfile.mkdtemp(prefix="slurm-dead.", dir="/home/pilot"))
     dead.chmod(0o755)
     (dead / "slurm.conf").write_text(conf.replace("SlurmctldPort=6817", "SlurmctldPort=6999"))
     (dead / "cgroup.conf").write_text("CgroupPlugin=disabled\n")
+    ini = configparser.ConfigParser()
+    ini.read_string(GATE_INI.read_text())
+    ini["gate"]["slurm_confs"] = f"{ini['gate'].get('slurm_confs', '')} {dead / 'slurm.conf'}"
+    with GATE_INI.open("w") as out:
+        ini.write(out)
     return {"slurm_conf": str(dead / "slurm.conf")}
 
 
@@ -118,7 +139,7 @@ UNREADABLE = {
 @pytest.mark.parametrize("case", list(UNREADABLE))
 def test_a_site_that_cannot_be_read_is_skipped_alone(
         tmp_path: Path, one_idle_job: str, caplog: pytest.LogCaptureFixture,
-        case: str) -> None:
+        case: str, gate_ini: None) -> None:
     """The site is unknown that cycle, its error names what is wrong (no traceback),
     and the demand goes to the other site."""
     site, edit, words = UNREADABLE[case]
