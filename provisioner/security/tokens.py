@@ -16,15 +16,14 @@ stdin.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import os
 import re
 import secrets
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from provisioner.security.jwt import payload
 
 #: A pilot's authorizations: advertise its master and startd, register with CCB
 #: (DAEMON), read the pool. The collector refuses a pilot token that asks for more.
@@ -68,14 +67,10 @@ def claims(token: str) -> dict[str, object]:
     """The payload claims of a JWT (not verified: the collector does that)."""
     if not TOKEN_TEXT.match(token):
         raise TokenError("not an IDTOKEN (three base64url parts)")
-    payload = token.split(".")[1]
     try:
-        doc = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
-    except (binascii.Error, ValueError) as exc:
-        raise TokenError(f"unreadable token payload: {exc}") from None
-    if not isinstance(doc, dict):
-        raise TokenError("token payload is not an object")
-    return doc
+        return payload(token)
+    except ValueError as exc:
+        raise TokenError(f"unreadable token: {exc}") from None
 
 
 def check_key(path: str) -> str | None:

@@ -16,9 +16,6 @@ unknown that cycle; the others go on).
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import logging
 import os
 import re
@@ -30,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from provisioner.errors import Unreachable
+from provisioner.security.jwt import payload
 
 log = logging.getLogger(__name__)
 
@@ -53,13 +51,7 @@ def expiry(token: str) -> float | None:
     server does that); None if it has none. ValueError if it is not a JWT."""
     if not _JWT.match(token):
         raise ValueError("not a JWT (three base64url parts)")
-    claims = token.split(".")[1]
-    try:
-        doc = json.loads(base64.urlsafe_b64decode(claims + "=" * (-len(claims) % 4)))
-    except (binascii.Error, ValueError) as exc:
-        raise ValueError(f"its claims are not base64url JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise ValueError("its claims are not a JSON object")
+    doc = payload(token)
     exp = doc.get("exp")
     if exp is None:
         return None

@@ -20,6 +20,7 @@ from provisioner.pilot import leftovers
 from provisioner.pilot.params import PilotError, read_token
 from provisioner.pilot.script import render_pilot_script
 from provisioner.security import collector_list
+from provisioner.security.jwt import payload as jwt_payload
 from provisioner.security.livelist import UNBOUND_KEEP_S, Entry, LiveTokens
 from provisioner.security.refusals import CollectorLog
 from provisioner.security.tokens import IDENTITY_USER, PilotToken, check_key, claims, identity_of
@@ -280,3 +281,18 @@ def test_a_configuration_with_the_shared_pilot_token_loads_and_names_the_field(
     said = caplog.text
     assert "pool.pilot_token_file is no longer used" in said
     assert "sites[].runtime.token_file is no longer used" in said
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("a.b", "three base64url parts"),
+    ("eyJ.!!!.c", "not base64url JSON"),
+    ("h." + "WzFd" + ".s", "not a JSON object"),  # [1]
+])
+def test_a_malformed_jwt_is_named(text: str, words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        jwt_payload(text)
+
+
+def test_the_claims_of_a_jwt_are_read_unverified() -> None:
+    body = base64.urlsafe_b64encode(b'{"sub":"x","exp":7}').decode().rstrip("=")
+    assert jwt_payload(f"h.{body}.") == {"sub": "x", "exp": 7}
