@@ -240,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_once(config, args.dry_run)
     if args.command == "status":
         return cmd_status(config, args.json)
-    from provisioner.service.loop import Provisioner, run_forever
+    from provisioner.service.loop import Provisioner
+    from provisioner.service.schedule import run_forever
 
     with _locked(config):
         from provisioner.service.journal_health import fault_path

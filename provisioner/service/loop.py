@@ -19,29 +19,21 @@ import sqlite3
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from datetime import datetime
 from pathlib import Path
-from typing import Any, ClassVar
 
 from provisioner.config import Config
 from provisioner.decide.backoff import SiteBackoff
 from provisioner.decide.cadence import Probe, gap_holds
-from provisioner.decide.controller import Controller, PoolView, QueueSize
+from provisioner.decide.controller import Controller, QueueSize
 from provisioner.errors import BackendError, Transient
 from provisioner.model import (
-    Cancel,
     Demand,
     FailingStarts,
-    Flag,
-    PilotState,
     Plan,
     Release,
-    Retire,
     SiteView,
     Snapshot,
     Submit,
-    Unflag,
-    Unretire,
 )
 from provisioner.pilot.script import render_pilot_script
 from provisioner.pool.classads import PilotAd
@@ -57,8 +49,9 @@ from provisioner.pool.pilot_view import (
     runs_jobs,
 )
 from provisioner.pool.prototype import SiteMatcher
-from provisioner.pool.submit_events import EventLogFollower, Wakeup, resolve_path
+from provisioner.pool.submit_events import Wakeup
 from provisioner.security.tokens import PilotToken, TokenError
+from provisioner.service.actions import HANDLERS, Fresh, cancel_lingering
 from provisioner.service.cycle import CycleResult, Observation
 from provisioner.service.cycle_text import action_target, breakers_of, describe, summary_line
 from provisioner.service.journal import Journal
@@ -74,13 +67,9 @@ from provisioner.sites.base import PilotRequest, SiteBackend, SiteJob
 
 log = logging.getLogger(__name__)
 
-#: The pool as read once right before this cycle's releases (the pilot ads, the pilots
-#: that run jobs), or None when it could not be read.
-Fresh = tuple[Mapping[str, PilotAd], frozenset[str]] | None
-
 __all__ = ["CycleResult", "Observation", "Provisioner", "action_target", "ad_busy",
            "breakers_of", "describe", "idle_ad_keys", "merge_pilots", "pilot_state",
-           "run_forever", "runs_jobs", "summary_line"]
+           "runs_jobs", "summary_line"]
 
 
 def _list_pilots(backend: SiteBackend) -> list[SiteJob]:
@@ -307,71 +296,6 @@ class Provisioner:
             out.append((text, outcome))
         return out
 
-    def _release(self, action: Release, fresh: Fresh) -> str:
-        key = action.pilot.key
-        if fresh is None:
-            return "skipped: pool unreadable right before release"
-        ads, running_on = fresh
-        ad = ads.get(key)
-        if ad is None:
-            return "skipped: ad gone right before release"
-        if ad_busy(ad, running_on) or ad.draining:
-            return "skipped: claimed since the snapshot"
-        self.backends[action.pilot.site].release(action.pilot.job_id)
-        self.controller.released(key, self.clock())
-        self.metrics.count("pilots_released", action.pilot.site)
-        return "release sent (the pilot drains itself if still idle)"
-
-    def _cancel(self, action: Cancel, _fresh: Fresh) -> str:
-        pending = action.pilot.state is PilotState.PENDING
-        self.backends[action.pilot.site].cancel(action.pilot.job_id, only_pending=pending)
-        if not pending:  # one that started meanwhile runs on: its token with it
-            self.tokens.cancelled(action.pilot.site, action.pilot.job_id)
-        self.metrics.count("pilots_cancelled", action.pilot.site)
-        return "cancelled if still pending" if pending else "cancelled"
-
-    def _retire(self, action: Retire | Unretire, _fresh: Fresh) -> str:
-        retire = isinstance(action, Retire)
-        self.backends[action.pilot.site].retire(action.pilot.job_id, retire)
-        if retire:
-            self.metrics.count("pilots_retired", action.pilot.site)
-            return "sent (the pilot leaves when its running jobs end)"
-        return "sent (the pilot stays when its running jobs end)"
-
-    def _noted(self, _action: Flag | Unflag, _fresh: Fresh) -> str:
-        """A flag is the controller's memory: nothing to send."""
-        return "ok"
-
-    #: How `act` applies each kind of action (submissions go first, all together,
-    #: through `_submit_all`): the handler's outcome is the action's outcome.
-    _HANDLERS: ClassVar[dict[type, Callable[[Provisioner, Any, Fresh], str]]] = {
-        Release: _release, Cancel: _cancel, Retire: _retire, Unretire: _retire,
-        Flag: _noted, Unflag: _noted,
-    }
-
-    def _cleanup(self, obs: Observation) -> list[tuple[str, str]]:
-        """Cancel the SLURM jobs of released pilots the controller says linger."""
-        out: list[tuple[str, str]] = []
-        if not obs.snapshot.scale_down_ok:  # a schedd not read may run jobs there
-            return out
-        followed = self.controller.releases
-        view = PoolView(
-            jobs={site: frozenset(j.job_id for j in jobs) for site, jobs in obs.jobs.items()},
-            ads={key: ad.draining for key, ad in obs.ads.items() if key in followed},
-            running=frozenset(key for key in followed
-                              if runs_jobs(*key.split("/", 1), obs.running_on)))
-        for key in self.controller.follow_releases(self.clock(), view):
-            site, job_id = key.split("/", 1)
-            try:
-                self.backends[site].cancel(job_id)
-                self.tokens.cancelled(site, job_id)
-                out.append((f"cancel {key}", "startd gone after release; job cancelled"))
-                self.controller.cancelled(key)
-                self.metrics.count("pilots_cancelled", site)
-            except BackendError as exc:
-                out.append((f"cancel {key}", f"failed: {exc}"))
-        return out
-
     def act(self, obs: Observation, result: Plan) -> list[tuple[str, str]]:
         outcomes: list[tuple[str, str]] = []
         releases = [a for a in result.actions if isinstance(a, Release)]
@@ -391,7 +315,7 @@ class Provisioner:
             if isinstance(action, Submit):
                 continue
             text = describe(action)
-            handler = self._HANDLERS.get(type(action))
+            handler = HANDLERS.get(type(action))
             try:
                 outcome = handler(self, action, fresh) if handler else "unknown action"
             except BackendError as exc:
@@ -403,7 +327,7 @@ class Provisioner:
                 log.exception("%s: %s", text, outcome)
                 self.controller.not_sent(action)
             outcomes.append((text, outcome))
-        outcomes.extend(self._cleanup(obs))
+        outcomes.extend(cancel_lingering(self, obs))
         return outcomes
 
     # --- one cycle -------------------------------------------------------
@@ -525,64 +449,3 @@ class Provisioner:
             return
         self.metrics.count("negotiations_requested")
         log.info("pilot(s) idle while jobs wait: negotiation asked for")
-
-
-#: The APScheduler job of the quick check (and the join check).
-TICK_JOB = "tick"
-
-
-def follow_submits(prov: Provisioner, sched: Any) -> EventLogFollower | None:
-    """A follower of the schedd's event log (`pool.event_log`) that wakes `sched`'s tick
-    job early, or None when there is none to follow (then the quick check alone)."""
-    import htcondor2
-
-    path = resolve_path(prov.config.pool.event_log, htcondor2.param)
-    if path is None:
-        log.info("no schedd event log to follow (pool.event_log: %s): new jobs are seen by "
-                 "the quick check", prov.config.pool.event_log)
-        return None
-
-    def poke() -> None:
-        try:
-            sched.modify_job(TICK_JOB, next_run_time=datetime.now(sched.timezone))
-        except Exception as exc:  # the tick job's next run comes on its timer
-            log.debug("no early check scheduled: %s", exc)
-
-    prov.wakeup.poke = poke
-    return EventLogFollower(path, prov.wakeup, prov.config.policy.quick_check_s)
-
-
-def run_forever(prov: Provisioner) -> None:
-    """The service: an APScheduler interval job, one instance at a time, missed runs
-    coalesced, run early when the schedd's event log shows a submit."""
-    from apscheduler.schedulers.blocking import BlockingScheduler
-
-    sched = BlockingScheduler()
-
-    def job() -> None:
-        try:
-            with prov.wakeup.busy():
-                prov.tick()
-        except Exception:  # one bad cycle must never stop the service
-            log.exception("cycle failed; the next one runs as scheduled")
-
-    policy = prov.config.policy
-    sched.add_job(job, "interval", seconds=policy.tick_s,
-                  max_instances=1, coalesce=True, id=TICK_JOB)
-    log.info("provisioner %s: %d site(s), interval %.0f s, quick check %.0f s",
-             prov.config.pool.provisioner_id, len(prov.config.sites),
-             prov.config.policy.interval_s, prov.config.policy.quick_check_s)
-    prov.start_metrics()
-    # Following before the first cycle reads the queue: a job submitted between the two
-    # wakes the loop (started after, it would wait for the next quick check).
-    follower = follow_submits(prov, sched)
-    if follower is not None:
-        follower.start()
-    job()
-    try:
-        sched.start()
-    except (KeyboardInterrupt, SystemExit):
-        log.info("stopping")
-    finally:
-        if follower is not None:
-            follower.stop()

@@ -459,7 +459,7 @@ def test_a_submit_runs_the_schedulers_tick_job_long_before_its_timer(tmp_path: P
     timer is an hour away; a submit in the event log runs it."""
     from apscheduler.schedulers.background import BackgroundScheduler
 
-    from provisioner.service.loop import TICK_JOB, follow_submits
+    from provisioner.service.schedule import TICK_JOB, follow_submits
 
     log = tmp_path / "EventLog"
     log.write_text(HEADER)
