@@ -231,8 +231,9 @@ def _frankfurt_a_black_hole(data: dict) -> None:  # type: ignore[type-arg]
     data["policy"]["breaker"] = {"threshold": 2, "base_s": 900, "max_s": 900}
     for s in data["sites"]:
         if s["name"] == "frankfurt":
-            kit = copy.deepcopy(s)
             s["image"] = "/opt/images/missing.sif"
+        if s["name"] == "gsi":  # reached over SSH: kit's login is an SSH host
+            kit = copy.deepcopy(s)
     kit["name"] = "kit"
     kit["executor"]["host"] = "127.0.0.9"  # nothing listens: refused at once
     data["sites"].append(kit)
