@@ -15,8 +15,7 @@ import json
 import logging
 import math
 import re
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from provisioner.errors import BackendError, Rejected, Transient, Unreachable
@@ -28,6 +27,7 @@ from provisioner.sites.slurm_jobs import (
     RELEASE_SIGNAL,
     RETIRE_SIGNAL,
     UNRETIRE_SIGNAL,
+    SlurmSiteFields,
     parse_squeue,
 )
 from provisioner.sites.slurm_refusals import UNKNOWN_JOB, classify_failure, classify_sbatch
@@ -68,30 +68,15 @@ def _classify(action: str, result: CommandResult) -> Exception:
 
 
 @dataclass
-class SlurmCliBackend:
+class SlurmCliBackend(SlurmSiteFields):
     """A SLURM site reached through sbatch/squeue/scancel."""
 
-    name: str
-    provisioner_id: str
     executor: Executor
     slurm_conf: str | None = None
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    output_dir: str | None = None
-    #: "gres": --gres=gpu[:type]:N; "gpus": --gpus=[type:]N (config `gpu_request`).
-    gpu_request: str = "gres"
-    gpu_type: str | None = None
     #: The pilots' log directory on the site's shared file system (None: they keep
     #: none, so they leave no end records).
     log_dir: str | None = None
-    clock: Callable[[], float] = field(default=time.time, repr=False)
     _pruned_at: float | None = field(default=None, init=False, repr=False)
-    _warned: set[str] = field(default_factory=set, init=False, repr=False)
-
-    @property
-    def job_name(self) -> str:
-        return f"htcpilot-{self.provisioner_id}"
 
     def _env(self) -> dict[str, str]:
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}

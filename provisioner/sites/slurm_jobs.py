@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from provisioner.decide.limits import JOB_LIMIT_REASONS
@@ -160,3 +162,26 @@ def parse_squeue(doc: Mapping[str, Any], job_name: str) -> list[SiteJob]:
             limit_reason=limited,
         ))
     return jobs
+
+
+@dataclass
+class SlurmSiteFields:
+    """What both SLURM backends are built with (`provisioner.sites.pilot_settings`):
+    the site, this provisioner's pilots' job name, and the options every pilot asks for."""
+
+    name: str
+    provisioner_id: str
+    _: KW_ONLY
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    output_dir: str | None = None
+    #: "gres": --gres=gpu[:type]:N; "gpus": --gpus=[type:]N (config `gpu_request`).
+    gpu_request: str = "gres"
+    gpu_type: str | None = None
+    clock: Callable[[], float] = field(default=time.time, repr=False)
+    _warned: set[str] = field(default_factory=set, init=False, repr=False)
+
+    @property
+    def job_name(self) -> str:
+        return f"htcpilot-{self.provisioner_id}"

@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +33,7 @@ from provisioner.sites.slurm_jobs import (
     RETIRE_SIGNAL,
     STATE_TABLE,
     UNRETIRE_SIGNAL,
+    SlurmSiteFields,
     parse_squeue,
 )
 from provisioner.sites.slurm_refusals import UNKNOWN_JOB, classify_failure, classify_sbatch
@@ -52,25 +52,11 @@ def _set(number: int) -> dict[str, Any]:
 
 
 @dataclass
-class SlurmRestBackend:
+class SlurmRestBackend(SlurmSiteFields):
     """A SLURM site reached through slurmrestd (`client`: its HTTP side)."""
 
-    name: str
-    provisioner_id: str
     client: RestClient
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    output_dir: str | None = None
-    gpu_request: str = "gres"
-    gpu_type: str | None = None
-    clock: Callable[[], float] = time.time  # the deadline's "now"
     _records: dict[str, EndRecord] = field(default_factory=dict, init=False, repr=False)
-    _warned: set[str] = field(default_factory=set, init=False, repr=False)
-
-    @property
-    def job_name(self) -> str:
-        return f"htcpilot-{self.provisioner_id}"
 
     def job_description(self, request: PilotRequest) -> dict[str, Any]:
         """What sbatch_argv says on the command line, as slurmrestd's job description."""
