@@ -38,6 +38,9 @@ class JobShape:
     #: literal) pairs: with the requests, all a pilot's match depends on.
     requirements: str = ""
     match_attrs: tuple[tuple[str, str], ...] = ()
+    #: The job's accounting group (AcctGroup), read only where some site has
+    #: allocations (`Config.groups_in_use`); "" = no group, or groups not in use.
+    group: str = ""
 
     @property
     def rounded_memory_mb(self) -> int:
@@ -86,6 +89,9 @@ class Pilot:
     #: PENDING at a job-count limit of the account (SLURM's reason, e.g.
     #: QOSMaxJobsPerUserLimit): no capacity on its way; "" otherwise.
     limit_reason: str = ""
+    #: The SLURM account the pilot is charged to (squeue's account): at a site with
+    #: allocations, it names the allocation whose groups the pilot serves; "" = unknown.
+    account: str = ""
     #: "site/job_id", unique over all sites (derived, computed once).
     key: str = field(init=False, repr=False, compare=False)
 
@@ -134,6 +140,19 @@ class FailingStarts:
 
 
 @dataclass(frozen=True)
+class AllocationBooks:
+    """What one allocation has spent this period, as the service's books hold it
+    (`provisioner.service.books`): SLURM's charge where it can be read, the ledger's
+    otherwise. `known` False (the journal unreadable): nothing may be committed."""
+
+    site: str
+    allocation: str  # sites[].allocations[].name
+    spent: float  # units of the allocation's `unit`, this period, pilots still running included
+    known: bool = True
+    error: str = ""
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """What one cycle observed: the idle demand, the pilots, which sites and schedds
     could be read, the recent arrivals. Nothing remembered from earlier cycles is in it
@@ -157,6 +176,9 @@ class Snapshot:
     #: idle jobs whose last start failed, by shape (their real cause, for the reports;
     #: those not cooling down are in `demand` too: a pilot serves their next try).
     failing: tuple[FailingStarts, ...] = ()
+    #: What each allocation has spent this period (one entry per configured allocation);
+    #: an allocation absent from it is unknown: no new pilot is charged to it.
+    books: tuple[AllocationBooks, ...] = ()
 
     @property
     def scale_down_ok(self) -> bool:
@@ -244,6 +266,9 @@ class Submit:
     walltime_s: int
     reason: str = ""
     gpus: int = 0
+    #: The allocation (sites[].allocations[].name) the pilots are charged to and whose
+    #: groups alone they serve; "" = the site has no allocations.
+    allocation: str = ""
 
 
 @dataclass(frozen=True)

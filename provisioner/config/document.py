@@ -50,6 +50,19 @@ class Config(_Model):
         return self
 
     @model_validator(mode="after")
+    def _allocations_need_a_journal(self) -> Config:
+        """The allocations' ledger lives in the journal: without one, a restart would
+        forget what was spent and could spend it again."""
+        budgeted = [s.name for s in self.sites if s.allocations]
+        if budgeted and not self.journal:
+            raise PydanticCustomError(
+                "journal_needed",
+                "journal is empty, but site(s) {value} have allocations, whose ledger lives "
+                "in the journal: set journal to a file path",
+                {"field": "journal", "value": ", ".join(budgeted)})
+        return self
+
+    @model_validator(mode="after")
     def _stuck_before_noclaim_shutdown(self) -> Config:
         """A stuck shape is one idle beside the *same* unclaimed pilot for stuck_after_s,
         seen at a cycle: a pilot whose startd ends itself unclaimed sooner is replaced by
@@ -78,6 +91,11 @@ class Config(_Model):
             if site.name == name:
                 return site
         raise KeyError(name)
+
+    @property
+    def groups_in_use(self) -> bool:
+        """Some site has allocations: jobs are told apart by their accounting group."""
+        return any(s.allocations for s in self.sites)
 
     @property
     def site_names(self) -> tuple[str, ...]:

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from provisioner.config.allocations import AllocationConfig, check_allocations
 from provisioner.config.base import (
     ACCOUNT_PATTERN,
     GPU_TYPE_PATTERN,
@@ -69,6 +70,21 @@ class SiteBase(_Model):
     caps: CapsConfig = CapsConfig()
     keep_warm: int = Field(default=0, ge=0)
     pilot_ad: PilotAdConfig = PilotAdConfig()
+    #: Grants this site's pilots are charged to (`provisioner.config.allocations`);
+    #: empty: no budget, every pilot takes any job.
+    allocations: tuple[AllocationConfig, ...] = ()
+
+    @model_validator(mode="after")
+    def _allocations_consistent(self) -> SiteBase:
+        check_allocations(self.allocations, self.pilot.gpus)
+        return self
+
+    def allocation(self, name: str) -> AllocationConfig:
+        """The allocation called `name`; KeyError if the site has none of that name."""
+        for alloc in self.allocations:
+            if alloc.name == name:
+                return alloc
+        raise KeyError(name)
 
     @model_validator(mode="after")
     def _walltime_within_partition(self) -> SiteBase:
@@ -94,6 +110,16 @@ class SlurmSiteBase(SiteBase):
     gpu_request: Literal["gres", "gpus"] = "gres"
     #: The GPU type to ask for (gres.conf ``Type=``, e.g. "a100"); None: any type.
     gpu_type: str | None = Field(default=None, pattern=GPU_TYPE_PATTERN)
+
+    @model_validator(mode="after")
+    def _account_or_allocations(self) -> SlurmSiteBase:
+        if self.account is not None and self.allocations:
+            raise PydanticCustomError(
+                "account_and_allocations",
+                "account {value!r} set beside allocations: each allocation names the SLURM "
+                "account its pilots are charged to (allocations[].account); remove account",
+                {"field": "account", "value": self.account})
+        return self
 
     @model_validator(mode="after")
     def _gpu_type_needs_gpus(self) -> SlurmSiteBase:

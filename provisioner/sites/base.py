@@ -41,6 +41,9 @@ class PilotRequest:
     #: Seconds from now by which the pilot must have ended, or the batch system drops
     #: it unstarted (its token expires then); 0: no deadline.
     deadline_s: int = 0
+    #: The SLURM account to charge (sbatch --account); None: the site's `account`, or
+    #: the submitting user's default.
+    account: str | None = None
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,19 @@ class SiteJob:
     #: A pending job's reason when it is a job-count limit of the account
     #: (QOSMaxJobsPerUserLimit, AssocMaxJobsLimit, ...): no capacity on its way; "" else.
     limit_reason: str = ""
+    account: str = ""  # the SLURM account charged (squeue %a); "" = not reported
+
+
+@dataclass(frozen=True)
+class AccountCharge:
+    """What SLURM's accounting says of one account (slurmdbd's association, as `sshare`
+    or slurmrestd's /shares report it): TRES-minutes used and the grant, both keyed by
+    TRES name ("cpu", "node", "gres/gpu"). A TRES absent from `grant_minutes` has no
+    GrpTRESMins limit."""
+
+    account: str
+    used_minutes: Mapping[str, float]
+    grant_minutes: Mapping[str, float]
 
 
 class SiteBackend(Protocol):
