@@ -17,8 +17,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from provisioner.config import UNIT_SHORT, AllocationConfig, utc_date
-from provisioner.model import Pilot, PilotState
+from provisioner.config import UNIT_SHORT, AllocationConfig, Config, utc_date
+from provisioner.model import Pilot, PilotState, Snapshot
 
 HOUR = 3600.0
 DAY = 86400.0
@@ -174,3 +174,29 @@ def _span(seconds: float) -> str:
     if seconds >= 2 * HOUR:
         return f"{seconds / HOUR:.0f} hours"
     return f"{max(0.0, seconds) / 60:.0f} minutes"
+
+
+#: (site, allocation name) -> why SLURM stopped it (a refused account): the controller's.
+Stopped = dict[tuple[str, str], str]
+
+
+def budgets(config: Config, snapshot: Snapshot, now: float,
+            stopped: Stopped | None = None) -> dict[tuple[str, str], Budget]:
+    """Every configured allocation's budget now, by (site, allocation name): spent from
+    `snapshot.books` (absent or not known: unknown), committed from the site's pilots
+    charged to the allocation's account. The one place status, metrics and plan() get
+    their numbers from."""
+    books = {(b.site, b.allocation): b for b in snapshot.books}
+    by_account: dict[tuple[str, str], list[Pilot]] = {}
+    for p in snapshot.pilots:
+        by_account.setdefault((p.site, p.account), []).append(p)
+    out: dict[tuple[str, str], Budget] = {}
+    for site in config.sites:
+        for alloc in site.allocations:
+            key = (site.name, alloc.name)
+            book = books.get(key)
+            spent = book.spent if book is not None and book.known else None
+            out[key] = budget_of(site.name, alloc, spent,
+                                 by_account.get((site.name, alloc.account), ()),
+                                 site.pilot.walltime_s, now, (stopped or {}).get(key, ""))
+    return out

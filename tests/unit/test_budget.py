@@ -147,3 +147,22 @@ def test_account_beside_allocations_and_a_missing_journal_are_refused() -> None:
                      "    allocations:") + block, "provisioner.yaml")
     cfg = parse_config("journal: /j.db\n" + SITE + block, "provisioner.yaml")
     assert cfg.groups_in_use and cfg.sites[0].allocation("a").groups == ("g",)
+
+
+def test_budgets_read_the_books_and_the_allocations_pilots() -> None:
+    from provisioner.decide.budget import budgets
+    from provisioner.model import AllocationBooks, SiteView, Snapshot
+
+    block = ("      - {name: a, account: acct-a, amount: 100, period: monthly, groups: [g]}\n"
+             "      - {name: b, account: acct-b, amount: 100, period: monthly, groups: [h]}\n")
+    cfg = parse_config("journal: /j.db\n" + SITE + block, "provisioner.yaml")
+    mine = Pilot(site="gsi", job_id="7", state=PilotState.PENDING, cpus=4, memory_mb=8000,
+                 submitted_at=0.0, account="acct-a")
+    other = Pilot(site="gsi", job_id="8", state=PilotState.PENDING, cpus=4, memory_mb=8000,
+                  submitted_at=0.0, account="acct-b")
+    snap = Snapshot(demand=(), pilots=(mine, other), sites=(SiteView("gsi", True),),
+                    books=(AllocationBooks("gsi", "a", 10.0),))
+    out = budgets(cfg, snap, utc(2026, 12, 5), {("gsi", "b"): "SLURM refused its account"})
+    assert out["gsi", "a"].spent == 10.0 and out["gsi", "a"].committed == 4.0
+    assert out["gsi", "b"].status is BudgetStatus.STOPPED
+    assert out["gsi", "b"].allowance == 0.0
