@@ -65,6 +65,10 @@ def _node_line(root: yaml.Node | None, loc: list[int | str]) -> int | None:
 _UNION_TAGS = frozenset({*KNOWN_BACKENDS, "local", "ssh"})
 
 
+#: An allocation's period: a calendar name or dates.
+_PERIOD_TAGS = frozenset({"calendar", "dates"})
+
+
 def _without_tags(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
     """('sites', 0, 'slurm-cli', 'executor', 'ssh', 'port') -> ('sites', 0, 'executor', 'port')."""
     out: list[int | str] = []
@@ -72,14 +76,29 @@ def _without_tags(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
         if isinstance(part, str) and part in _UNION_TAGS and out and (
                 isinstance(out[-1], int) or out[-1] == "executor"):
             continue
+        if isinstance(part, str) and part in _PERIOD_TAGS and out and out[-1] == "period":
+            continue
         out.append(part)
     return tuple(out)
+
+
+def _consequences(errors: list[Any]) -> set[int]:
+    """The errors that only follow from others: a list too short because its items
+    failed (`sites` empty once its only site is refused) says nothing new."""
+    locs = [tuple(e["loc"]) for e in errors]
+    return {i for i, e in enumerate(errors) if e["type"] == "too_short"
+            and any(len(other) > len(locs[i]) and other[:len(locs[i])] == locs[i]
+                    for other in locs)}
 
 
 def _iter_errors(
     exc: ValidationError, source: str, root: yaml.Node | None
 ) -> Iterator[str]:
-    for err in exc.errors():
+    errors = exc.errors()
+    skip = _consequences(errors)
+    for i, err in enumerate(errors):
+        if i in skip:
+            continue
         loc = _without_tags(tuple(err["loc"]))
         ctx: dict[str, Any] = dict(err.get("ctx") or {})
         sub = str(ctx.get("field", ""))

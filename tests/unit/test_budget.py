@@ -119,7 +119,7 @@ sites:
     ("      - {name: a, account: a, amount: 10, groups: [g]}", "period"),
     ("      - {name: a, account: a, amount: -1, period: monthly, groups: [g]}", "amount"),
     ("      - {name: a, account: a, amount: 1, period: {start: 2026-12-02, end: 2026-12-01},"
-     " groups: [g]}", "period.dates.end"),
+     " groups: [g]}", "period.end"),
     ("      - {name: a, account: a, amount: 1, period: monthly, groups: []}", "groups"),
     ("      - {name: a, account: a, amount: 1, period: monthly, groups: ['a\"||true']}",
      "groups"),
@@ -166,3 +166,13 @@ def test_budgets_read_the_books_and_the_allocations_pilots() -> None:
     assert out["gsi", "a"].spent == 10.0 and out["gsi", "a"].committed == 4.0
     assert out["gsi", "b"].status is BudgetStatus.STOPPED
     assert out["gsi", "b"].allowance == 0.0
+
+
+def test_a_refused_site_is_one_error_not_two() -> None:
+    text = "journal: /j.db\n" + SITE + ("      - {name: a, account: a, amount: 1, "
+                                        "period: {start: 2026-12-02, end: 2026-12-01}, "
+                                        "groups: [g]}\n")
+    with pytest.raises(ConfigError) as err:
+        parse_config(text, "provisioner.yaml")
+    assert str(err.value).count("\n") == 0, err.value
+    assert "allocations[0].period.end: period end 2026-12-01" in str(err.value)
