@@ -338,3 +338,28 @@ def test_grouping_by_group_splits_each_shape_and_loses_no_job(
         folded[key] = folded.get(key, 0) + d.idle
     assert folded == plain
     assert {d.shape.group for d in split} <= {g or "" for g, _, _ in jobs}
+
+
+def test_why_finds_a_job_of_a_group_under_the_services_grouped_shape() -> None:
+    from dataclasses import replace
+
+    from provisioner.decide.explain import Report, ShapeEntry, shape_key
+    from provisioner.decide.reasons import Reason, Why
+    from provisioner.pool.job_ads import facts_of
+    from provisioner.service.why import answer
+
+    plain = JobShape(1, 500)
+    grouped = replace(plain, group="group_b")
+    job = facts_of({"ClusterId": 5, "ProcId": 0, "Owner": "alice", "JobStatus": 1,
+                    "QDate": 900, "AcctGroup": "group_b",
+                    "AccountingGroup": "group_b.alice"}, plain, 1000.0)
+    assert job.shapes == (grouped, plain)
+    pending = Why(Reason.PILOT_PENDING, {"site": "gsi", "cores": 4, "since": 950.0})
+
+    def report(shape: JobShape) -> Report:
+        return Report("t", 995.0, 10.0, True, (ShapeEntry(shape_key(shape), 1, pending),))
+
+    # the service read groups (some site has allocations), or did not: found either way
+    for shape in (grouped, plain):
+        got = answer(job, [report(shape)], 1000.0, "alice")
+        assert (got["reason"], got["shape"]["key"]) == ("pilot_pending", shape_key(shape))
