@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,19 @@ from provisioner.security.tokens import IDENTITY_USER, TOKEN_TEXT, claims
 
 class PilotError(Exception):
     """The pilot cannot start; the message names the missing or bad setting."""
+
+
+#: An allocation's name and an accounting group, as the configuration validates them
+#: (provisioner.config.allocations: AllocationConfig.name, GROUP_PATTERN; a unit test
+#: keeps them equal; not imported: the pilot carries no configuration models). Checked
+#: again here because both land in this pilot's HTCondor configuration and its START.
+ALLOCATION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+GROUP_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+#: What an allocated pilot adds to its START: only jobs whose accounting group is one
+#: of its own. stringListMember compares whole items (strcmp) of PilotGroups split at
+#: commas and spaces; a job with no AcctGroup compares "" and never matches; a group
+#: that is no string makes the clause ERROR, which starts nothing.
+GROUPS_START = 'stringListMember(TARGET.AcctGroup ?: "", MY.PilotGroups)'
 
 
 @dataclass(frozen=True)
@@ -56,6 +70,10 @@ class PilotParams:
     slurm_start: float | None = None
     #: This pilot's own IDTOKEN (read from PILOT_TOKEN_FD by `read_token`).
     token: str = field(default="", repr=False)
+    #: The allocation it is charged to ("": none, it takes any job) and the accounting
+    #: groups whose jobs alone it starts (`allocation_of`).
+    allocation: str = ""
+    groups: tuple[str, ...] = ()
 
     @property
     def identity_user(self) -> str:
@@ -121,6 +139,24 @@ def _int_env(env: dict[str, str], key: str, default: int | None = None) -> int:
         raise PilotError(f"environment variable {key}={raw!r} is not an integer") from None
 
 
+def allocation_of(env: dict[str, str]) -> tuple[str, tuple[str, ...]]:
+    """The allocation (PILOT_ALLOCATION) and its groups (PILOT_GROUPS, comma-separated)
+    from the batch script; ("", ()) for a pilot of no allocation. PilotError for a name
+    or group outside the configuration's patterns, or one set without the other."""
+    allocation = env.get("PILOT_ALLOCATION", "")
+    raw = env.get("PILOT_GROUPS", "")
+    if not allocation and not raw:
+        return "", ()
+    if not ALLOCATION_NAME.fullmatch(allocation):
+        raise PilotError(f"PILOT_ALLOCATION={allocation!r} is not an allocation name")
+    groups = tuple(raw.split(","))
+    bad = [g for g in groups if not GROUP_NAME.fullmatch(g)]
+    if bad or not raw:
+        raise PilotError(f"PILOT_GROUPS={raw!r} is not a comma-separated list of "
+                         f"accounting groups (bad: {bad or [raw]!r})")
+    return allocation, groups
+
+
 def params_from_env(env: dict[str, str], now: float) -> PilotParams:
     """Read the pilot's parameters from the batch script's and SLURM's environment."""
     cpus = _int_env(env, "SLURM_CPUS_ON_NODE", _int_env(env, "SLURM_CPUS_PER_TASK", 1))
@@ -131,6 +167,7 @@ def params_from_env(env: dict[str, str], now: float) -> PilotParams:
     if walltime_end <= 0:
         walltime_end = int(now) + _int_env(env, "PILOT_WALLTIME_S")
     log_dir = env.get("PILOT_LOG_DIR") or None
+    allocation, groups = allocation_of(env)
     return PilotParams(
         site=_env(env, "PILOT_SITE"),
         provisioner_id=_env(env, "PILOT_PROVISIONER_ID"),
@@ -158,6 +195,8 @@ def params_from_env(env: dict[str, str], now: float) -> PilotParams:
         start_slot=_int_env(env, "PILOT_START_SLOT", 0),
         start_slots=_int_env(env, "PILOT_START_SLOTS", 0),
         slurm_start=float(_int_env(env, "SLURM_JOB_START_TIME", 0)) or None,
+        allocation=allocation,
+        groups=groups,
     )
 
 
@@ -194,17 +233,37 @@ def local_config(p: PilotParams, workdir: Path) -> str:
         "PilotProvisionerId": config_string(p.provisioner_id),
         "PilotWalltimeEnd": str(p.walltime_end),
     }
+    advertised = []
     if p.xcache:
         # Every job reads root:// URLs through the site's cache (the XRootD client
         # proxy plugin), and so does HTCondor's own transfer of root:// input files.
         lines["PilotXCache"] = config_string(p.xcache)
-        lines["STARTD_ATTRS"] = "$(STARTD_ATTRS) PilotXCache"
+        advertised.append("PilotXCache")
         env = proxy_environment(p.xcache, p.xcache_exclude)
         lines["STARTER_JOB_ENVIRONMENT"] = config_string(
             " ".join(f"{k}={v}" for k, v in env.items()))
+    if p.allocation:
+        lines.update(allocation_config(p.allocation, p.groups))
+        advertised += ["PilotAllocation", "PilotGroups"]
+    if advertised:
+        lines["STARTD_ATTRS"] = "$(STARTD_ATTRS) " + " ".join(advertised)
     # root:// input files: xrdcp, through the cache where the site has one.
     lines["FILETRANSFER_PLUGINS"] = f"$(FILETRANSFER_PLUGINS) {workdir / TRANSFER_PLUGIN}"
     return "".join(f"{k} = {v}\n" for k, v in lines.items())
+
+
+def allocation_config(allocation: str, groups: tuple[str, ...]) -> dict[str, str]:
+    """The settings of a pilot charged to `allocation`: its name and groups in its ad,
+    and its START narrowed to jobs of those groups (GROUPS_START). The values are
+    checked against the patterns again (ValueError): they are written as string
+    literals, and a group holding a quote or a `$` would change the configuration."""
+    if not ALLOCATION_NAME.fullmatch(allocation):
+        raise ValueError(f"not an allocation name: {allocation!r}")
+    if not groups or not all(GROUP_NAME.fullmatch(g) for g in groups):
+        raise ValueError(f"not a list of accounting groups: {groups!r}")
+    return {"PilotAllocation": config_string(allocation),
+            "PilotGroups": config_string(",".join(groups)),
+            "START": f"$(START) && {GROUPS_START}"}
 
 
 def container_env(p: PilotParams) -> dict[str, str]:

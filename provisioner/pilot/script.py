@@ -58,7 +58,9 @@ def check_templates(config: Config) -> None:
     where = config.templates_dir or "the slurm_templates directory"
     for i, site in enumerate(config.sites):
         try:
-            render_pilot_script(config, site, site.pilot.walltime_s, site.pilot.gpus)
+            for allocation in ("", *(a.name for a in site.allocations)):
+                render_pilot_script(config, site, site.pilot.walltime_s, site.pilot.gpus,
+                                    allocation=allocation)
         except jinja2.TemplateNotFound as exc:
             raise TemplateError(f"sites[{i}].template: no template {exc.name!r} in {where}",
                                 field=f"sites[{i}].template") from exc
@@ -90,14 +92,17 @@ NO_TOKEN = "x.y.z"
 
 def render_pilot_script(config: Config, site: SiteBase, walltime_s: int,
                         gpus: int = 0, start_slot: int = 0, start_slots: int = 1,
-                        token: str = NO_TOKEN) -> str:
+                        token: str = NO_TOKEN, allocation: str = "") -> str:
     """The batch script of one pilot at `site` that asks SLURM for `gpus` GPUs, the
     `start_slot`-th of `start_slots` submitted together (their starts are spread over
     `runtime.start_delay_max_s`, the first starts at once), carrying its `token` (the
     script goes to sbatch on its stdin, never into a file); jinja2 errors name the
-    template."""
+    template. A pilot of `allocation` (one of the site's `allocations`; "": none) carries
+    its name and groups: its startd advertises them and starts only jobs of those groups
+    (provisioner.pilot.params). KeyError if the site has no allocation of that name."""
     if not TOKEN_TEXT.match(token):
         raise ValueError("a pilot token must be three base64url parts")
+    groups = site.allocation(allocation).groups if allocation else ()
     rt = site.runtime
     env = _environment(templates_dir(config))
     template = env.get_template(site.template)
@@ -130,4 +135,6 @@ def render_pilot_script(config: Config, site: SiteBase, walltime_s: int,
         gpus=max(0, gpus),
         gpu_discovery_extra=rt.gpu_discovery_extra,
         gpu_driver=gpus > 0 and not rt.simulates_gpus,
+        allocation=allocation,
+        groups=",".join(groups),
     )

@@ -36,8 +36,19 @@ SHAPE_ATTRS = ["RequestCpus", "RequestMemory", "RequestDisk", "RequestGPUs", "Ma
                "DesiredSites", "Requirements", *MATCH_JOB_ATTRS]
 #: A job's own ad, as `queue_view` reads it.
 JOB_ATTRS = ["JobStatus", "RemoteHost", "QDate", *SHAPE_ATTRS, *START_ATTRS]
-SLOT_ATTRS = ["Name", "Machine", "PilotSite", "PilotSlurmJobId",
-              "PilotWalltimeEnd", "PartitionableSlot", "DynamicSlot", "State", "Activity",
+#: The job's accounting group (condor_submit's `accounting_group`), read into its shape
+#: only where groups are in use (`Config.groups_in_use`): elsewhere the queue is read
+#: and grouped exactly as without it.
+GROUP_ATTR = "AcctGroup"
+
+
+def job_attrs(groups: bool = False) -> list[str]:
+    """What `queue_view` reads of a job's own ad; with `groups`, its accounting group."""
+    return [*JOB_ATTRS, GROUP_ATTR] if groups else JOB_ATTRS
+
+
+SLOT_ATTRS = ["Name", "Machine", "PilotSite", "PilotSlurmJobId", "PilotWalltimeEnd",
+              "PilotAllocation", "PartitionableSlot", "DynamicSlot", "State", "Activity",
               "Cpus", "Memory", "GPUs", "TotalSlotCpus", "TotalSlotMemory", "TotalSlotGPUs",
               "Draining", "HasContainer",
               "DaemonStartTime", "MyType", "CondorVersion", "Start", "AuthenticatedIdentity"]
@@ -68,6 +79,8 @@ class PilotAd:
     #: Who advertised it, as the collector authenticated them (AuthenticatedIdentity of
     #: every partitionable slot that names this pilot: more than one is a forgery).
     identities: tuple[str, ...] = ()
+    #: The allocation it says it is charged to (PilotAllocation); "" = none advertised.
+    allocation: str = ""
 
     @property
     def key(self) -> str:
@@ -142,9 +155,10 @@ def _reads(requirements: str) -> tuple[str, ...]:
     return reads
 
 
-def shape_of(ad: Any) -> JobShape:
+def shape_of(ad: Any, groups: bool = False) -> JobShape:
     """The shape of one job ad (expressions evaluated as the schedd would), with its
-    Requirements text and the values of the job attributes that text names."""
+    Requirements text and the values of the job attributes that text names; with
+    `groups`, its accounting group (AcctGroup, "" if none or not a string)."""
     runtime = _int(ad, "MaxRuntime", 0)
     sites = tuple(s.strip() for s in _str(ad, "DesiredSites").split(",") if s.strip())
     requirements = _text(ad, "Requirements")
@@ -158,6 +172,7 @@ def shape_of(ad: Any) -> JobShape:
         desired_sites=tuple(sorted(sites)),
         requirements=requirements,
         match_attrs=tuple((a, v) for a, v in attrs if v),
+        group=_str(ad, GROUP_ATTR) if groups else "",
     )
 
 
@@ -185,13 +200,14 @@ def cooling_ends(ads: Iterable[Any], now: float) -> list[float]:
     return [f.cooling_until for f in failures if f is not None and cooling(f, now)]
 
 
-def queue_view(ads: Iterable[Any], since: float | None = None, now: float | None = None
-               ) -> QueueView:
+def queue_view(ads: Iterable[Any], since: float | None = None, now: float | None = None,
+               groups: bool = False) -> QueueView:
     """Fold job ads (idle and running) into demand, busy startds and, when `since`
     is given, the jobs submitted since then (the recent arrivals). Idle jobs whose last
     start failed go into `failing`; with `now`, those in their cool-down at `now` are
     not demand. An ad with a JobCount (a group from the schedd's GroupBy query) stands
-    for that many jobs alike; any other for one."""
+    for that many jobs alike; any other for one. With `groups`, shapes (of demand,
+    arrivals and failed starts alike) are told apart by accounting group too."""
     counts: Counter[JobShape] = Counter()
     failed: list[tuple[JobShape, StartFailure]] = []
     ends: set[float] = set()
@@ -208,7 +224,7 @@ def queue_view(ads: Iterable[Any], since: float | None = None, now: float | None
         if qdate and (newest is None or qdate > newest):
             newest = float(qdate)
         status = _int(ad, "JobStatus")
-        shape = shape_of(ad) if status == 1 or since is not None else None
+        shape = shape_of(ad, groups) if status == 1 or since is not None else None
         if status == 1 and shape is not None:
             failure = failure_of(ad)
             if failure is not None:
@@ -276,5 +292,6 @@ def pilot_ads_of(slot_ads: Iterable[Any]) -> dict[str, PilotAd]:
             started_at=float(daemon_start) if daemon_start > 0 else None,
             containers=ad.get("HasContainer") is True,
             identities=tuple(sorted(idents[key])),
+            allocation=_str(ad, "PilotAllocation"),
         )
     return out

@@ -21,7 +21,7 @@ from typing import Any
 from provisioner.config import PoolConfig
 from provisioner.decide.failed_starts import START_ATTRS, STARTER_ERROR
 from provisioner.pool.classads import (
-    JOB_ATTRS,
+    GROUP_ATTR,
     MATCH_JOB_ATTRS,
     SHAPE_ATTRS,
     SLOT_ATTRS,
@@ -30,6 +30,7 @@ from provisioner.pool.classads import (
     _int,
     _str,
     cooling_ends,
+    job_attrs,
     pilot_ads_of,
     queue_view,
 )
@@ -51,13 +52,19 @@ log = logging.getLogger(__name__)
 GROUP_ATTRS = ["JobStatus", "RemoteHost", "QDate", "VacateReasonCode",
                *(a for a in SHAPE_ATTRS if a not in MATCH_JOB_ATTRS)]
 
+
+def group_attrs(groups: bool = False) -> list[str]:
+    """What the queue is grouped by; with `groups` (`Config.groups_in_use`) also the
+    jobs' accounting group, so that jobs alike but for their group come back apart."""
+    return [*GROUP_ATTRS, GROUP_ATTR] if groups else GROUP_ATTRS
+
 #: What a finished job's history ad gives the accounting. MachineAttr*0 are the pilot's
 #: attributes copied into the job ad when the schedd has
 #: `SYSTEM_JOB_MACHINE_ATTRS = PilotSite PilotSlurmJobId` (condor_config/central-manager.conf).
 HISTORY_ATTRS = ["ClusterId", "ProcId", "Owner", "JobStatus", "RequestCpus", "RequestGPUs",
                  "JobCurrentStartDate", "JobStartDate", "CompletionDate",
                  "EnteredCurrentStatus", "RemoteUserCpu", "RemoteSysCpu",
-                 "MachineAttrPilotSite0", "MachineAttrPilotSlurmJobId0"]
+                 "MachineAttrPilotSite0", "MachineAttrPilotSlurmJobId0", GROUP_ATTR]
 #: Most history ads read per cycle (the schedd returns the newest first).
 HISTORY_MATCH = 5000
 
@@ -86,7 +93,7 @@ def job_run_of(ad: Any) -> JobRun | None:
         pilot_job_id=_str(ad, "MachineAttrPilotSlurmJobId0")
         or str(_int(ad, "MachineAttrPilotSlurmJobId0") or ""),
         cores=max(1, _int(ad, "RequestCpus", 1)), start_at=float(start), end_at=float(end),
-        cpu_s=cpu, gpus=max(0, _int(ad, "RequestGPUs", 0)))
+        cpu_s=cpu, gpus=max(0, _int(ad, "RequestGPUs", 0)), group=_str(ad, GROUP_ATTR))
 
 
 def history_constraint(after: float) -> str:
@@ -98,7 +105,7 @@ def history_constraint(after: float) -> str:
 
 def read_queue(schedd: Any, group_by: Any, since: float | None = None,
                now: float | None = None, settled: SettledReads | None = None,
-               name: str = "", summary: Any = None) -> QueueView:
+               name: str = "", summary: Any = None, groups: bool = False) -> QueueView:
     """One schedd's queue as `queue_view` folds it, read in groups of jobs alike: the
     schedd's GroupBy query (`group_by`, the bindings' QueryOpt.GroupBy) returns one ad
     per distinct combination of GROUP_ATTRS, with its JobCount, so a queue of 20,000
@@ -112,10 +119,11 @@ def read_queue(schedd: Any, group_by: Any, since: float | None = None,
     starter error are read again one job at a time (`failure_of` needs each job's
     dates); a job that changed between the two queries is read as it was in the first,
     or, if it left the failed state, not at all this cycle. A schedd that ignores the
-    grouping returns plain job ads, each counted once."""
+    grouping returns plain job ads, each counted once. With `groups`, the jobs'
+    accounting groups are read and grouped by too (`settled` then groups by them)."""
     if settled is None:
-        groups = list(schedd.query(constraint=QUEUE_CONSTRAINT, projection=GROUP_ATTRS,
-                                   opts=group_by))
+        read = list(schedd.query(constraint=QUEUE_CONSTRAINT,
+                                 projection=group_attrs(groups), opts=group_by))
     else:
         def server_time() -> int | None:
             """The schedd's clock, None if it does not say (or the summary fails: the
@@ -129,14 +137,14 @@ def read_queue(schedd: Any, group_by: Any, since: float | None = None,
                 return None
             return told[0] if told and told[0] > 0 else None
 
-        groups = settled.read(name, lambda c, p: list(schedd.query(
+        read = settled.read(name, lambda c, p: list(schedd.query(
             constraint=c, projection=p, opts=group_by)), time.time() if now is None else now,
             server_time)
-    ads = [ad for ad in groups if not (_int(ad, "JobStatus") == 1
-                                       and _int(ad, "VacateReasonCode") == STARTER_ERROR)]
-    if len(ads) < len(groups):
-        ads.extend(schedd.query(constraint=FAILED_IDLE, projection=JOB_ATTRS))
-    return queue_view(ads, since, now)
+    ads = [ad for ad in read if not (_int(ad, "JobStatus") == 1
+                                     and _int(ad, "VacateReasonCode") == STARTER_ERROR)]
+    if len(ads) < len(read):
+        ads.extend(schedd.query(constraint=FAILED_IDLE, projection=job_attrs(groups)))
+    return queue_view(ads, since, now, groups)
 
 
 class Pool:
@@ -149,8 +157,10 @@ class Pool:
     """
 
     def __init__(self, cfg: PoolConfig, htcondor: Any = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, groups: bool = False) -> None:
         self.cfg = cfg
+        #: jobs told apart by accounting group (`Config.groups_in_use`)
+        self.groups = groups
         if htcondor is None:
             import htcondor2 as htcondor
         self.htcondor = htcondor
@@ -164,7 +174,7 @@ class Pool:
         #: idle jobs per schedd at the last read (None: not read yet)
         self.idle_by_schedd: dict[str, int] | None = None
         #: each schedd's settled idle jobs, kept between queue reads
-        self.settled = SettledReads(GROUP_ATTRS, QUEUE_CONSTRAINT)
+        self.settled = SettledReads(group_attrs(groups), QUEUE_CONSTRAINT)
         #: failed starts' cool-downs: each schedd offers the job again when one ends
         self.nudger = Nudger(htcondor, cfg.provisioner_id)
         self.versions: dict[str, str] = {}  # schedd name -> its CondorVersion
@@ -217,7 +227,8 @@ class Pool:
         now = time.time()
         opts = self.htcondor.QueryOpt
         views, unknown = self._each("queue query", lambda n, s: read_queue(
-            s, opts.GroupBy, arrivals_since, now, self.settled, n, opts.SummaryOnly))
+            s, opts.GroupBy, arrivals_since, now, self.settled, n, opts.SummaryOnly,
+            self.groups))
         self.settled.keep_only(set(views) | {name for name, _ in unknown})
         for name, view in views.items():
             self.nudger.ends.seen(name, view.cooling_ends)

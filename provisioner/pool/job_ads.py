@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import subprocess
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from provisioner.decide.failed_starts import START_ATTRS, cooling
@@ -56,10 +56,20 @@ class JobFacts:
     failed_starts: int = 0  # its last start failed (0: not)
     failure: str = ""
     cooling: bool = False
+    acct_group: str = ""  # its AcctGroup itself ("" if none)
 
     @property
     def job_id(self) -> str:
         return f"{self.cluster}.{self.proc}"
+
+    @property
+    def shapes(self) -> tuple[JobShape, ...]:
+        """The shapes the service may have read this job as: with its accounting group
+        (where some site has allocations, `provisioner.pool.classads.shape_of`), then
+        without; one if it names no group."""
+        if not self.acct_group:
+            return (self.shape,)
+        return (replace(self.shape, group=self.acct_group), self.shape)
 
 
 def job_attrs() -> list[str]:
@@ -183,7 +193,8 @@ def facts_of(job: dict[str, Any], shape: JobShape, now: float) -> JobFacts:
         started=float(_int(job, "JobCurrentStartDate")), hold_reason=_str(job, "HoldReason"),
         hold_subcode=_int(job, "HoldReasonSubCode"), cool_downs=_int(job, "NumJobCoolDowns"),
         failed_starts=failure.failed_starts if failure else 0,
-        failure=failure.reason if failure else "", cooling=cooling(failure, now))
+        failure=failure.reason if failure else "", cooling=cooling(failure, now),
+        acct_group=_str(job, "AcctGroup"))
 
 
 def read_jobs(ids: Sequence[tuple[int, int | None]], schedd: str | None,

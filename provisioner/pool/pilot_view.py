@@ -67,12 +67,27 @@ def pilot_state(job: SiteJob, ad: PilotAd | None,
     return PilotState.IDLE
 
 
+def account_of(job: SiteJob | None, ad: PilotAd | None,
+               accounts: Mapping[str, str]) -> str:
+    """The SLURM account a pilot is charged to: SLURM's word (squeue's or /jobs'
+    account) first; where SLURM says none, the account of the allocation its ad names
+    (`accounts`: the site's allocation names -> their accounts); "" if neither says."""
+    if job is not None and job.account:
+        return job.account
+    if ad is not None and ad.allocation:
+        return accounts.get(ad.allocation, "")
+    return ""
+
+
 def merge_pilots(site: str, jobs: list[SiteJob], ads: Mapping[str, PilotAd],
                  running_on: frozenset[str] = frozenset(), now: float | None = None,
-                 margin_s: float = 0.0) -> list[Pilot]:
+                 margin_s: float = 0.0, accounts: Mapping[str, str] | None = None
+                 ) -> list[Pilot]:
     """One Pilot per live SLURM job of the site, with what its startd advertises.
     With `now`, a running pilot with no ad within `margin_s` of its walltime end is
-    ENDING (its startd has stopped for good), not STARTING (capacity to come)."""
+    ENDING (its startd has stopped for good), not STARTING (capacity to come).
+    `accounts`: the site's allocation names -> their SLURM accounts (`account_of`)."""
+    accounts = accounts or {}
     out = []
     for job in jobs:
         ad = ads.get(f"{site}/{job.job_id}")
@@ -101,13 +116,17 @@ def merge_pilots(site: str, jobs: list[SiteJob], ads: Mapping[str, PilotAd],
             free_gpus=(0 if busy_draining else ad.free_gpus if up and ad else job.gpus),
             joined_at=ad.started_at if ad else None,
             limit_reason=job.limit_reason if state is PilotState.PENDING else "",
+            account=account_of(job, ad, accounts),
         ))
     return out
 
 
 def ad_only_pilots(site: str, ads: Mapping[str, PilotAd], now: float,
-                   running_on: frozenset[str] = frozenset()) -> list[Pilot]:
-    """Pilots of a site whose squeue failed: what the collector shows, counted as is."""
+                   running_on: frozenset[str] = frozenset(),
+                   accounts: Mapping[str, str] | None = None) -> list[Pilot]:
+    """Pilots of a site whose squeue failed: what the collector shows, counted as is
+    (charged to the account of the allocation the ad names, `account_of`)."""
+    accounts = accounts or {}
     out = []
     for ad in ads.values():
         if ad.site != site:
@@ -118,7 +137,8 @@ def ad_only_pilots(site: str, ads: Mapping[str, PilotAd], now: float,
                          cpus=ad.cpus, memory_mb=ad.memory_mb, submitted_at=now,
                          walltime_end=ad.walltime_end, free_cpus=ad.free_cpus,
                          free_memory_mb=ad.free_memory_mb, name=ad.name,
-                         gpus=ad.gpus, free_gpus=ad.free_gpus))
+                         gpus=ad.gpus, free_gpus=ad.free_gpus,
+                         account=account_of(None, ad, accounts)))
     return out
 
 

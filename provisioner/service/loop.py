@@ -85,7 +85,7 @@ class Provisioner:
                  clock: Callable[[], float] = time.time,
                  fault_file: Path | None = None) -> None:
         self.config = config
-        self.pool = pool or Pool(config.pool)
+        self.pool = pool or Pool(config.pool, groups=config.groups_in_use)
         self.backends = dict(backends) if backends is not None else {
             s.name: make_backend(s, config.pool) for s in config.sites}
         self.clock = clock
@@ -180,6 +180,8 @@ class Provisioner:
         views, pilots, jobs = [], [], {}
         for site in self.config.sites:
             error = ""
+            # a pilot's allocation, where SLURM does not name its account, from its ad
+            accounts = {a.name: a.account for a in site.allocations}
             if site.name not in reads:
                 error = (f"backed off after {self.backoff.failures[site.name]} failed reads; "
                          f"next try in {self.backoff.retry_at[site.name] - now:.0f} s")
@@ -200,9 +202,9 @@ class Provisioner:
                 last = self.last_jobs.get(site.name)
                 if last is not None:
                     pilots.extend(merge_pilots(site.name, last, ads, running_on, now,
-                                               self._margin(site.name)))
+                                               self._margin(site.name), accounts))
                 else:
-                    pilots.extend(ad_only_pilots(site.name, ads, now, running_on))
+                    pilots.extend(ad_only_pilots(site.name, ads, now, running_on, accounts))
                 continue
             if self.backoff.succeeded(site.name):
                 log.warning("site %s readable again", site.name)
@@ -210,7 +212,7 @@ class Provisioner:
             self.last_jobs[site.name] = site_jobs
             views.append(SiteView(site.name, known=True))
             pilots.extend(merge_pilots(site.name, site_jobs, ads, running_on, now,
-                                       self._margin(site.name)))
+                                       self._margin(site.name), accounts))
         snapshot = Snapshot(
             demand=demand, pilots=tuple(pilots), sites=tuple(views), pool_known=pool_known,
             schedds_unknown=lacking, recent_arrivals=arrivals, last_arrival_at=newest,
@@ -242,9 +244,12 @@ class Provisioner:
 
     # --- act -------------------------------------------------------------
     def _submit(self, action: Submit) -> tuple[list[str], BackendError | None]:
-        """sbatch `action.count` pilots, stopping at the first failure: (ids, error)."""
+        """sbatch `action.count` pilots, stopping at the first failure: (ids, error).
+        Pilots of an allocation (`action.allocation`) are charged to its account and
+        serve only its groups (their batch script says so)."""
         site = self.config.site(action.site)
         backend = self.backends[action.site]
+        account = site.allocation(action.allocation).account if action.allocation else None
         ids: list[str] = []
         error: BackendError | None = None
         tokens: list[PilotToken] = []
@@ -253,12 +258,13 @@ class Provisioner:
             for i, token in enumerate(tokens):
                 # pilots sent together spread their starts; the first starts at once
                 script = render_pilot_script(self.config, site, action.walltime_s,
-                                             action.gpus, i, action.count, token.text)
+                                             action.gpus, i, action.count, token.text,
+                                             allocation=action.allocation)
                 ids.append(backend.submit(PilotRequest(
                     cpus=action.cpus, memory_mb=action.memory_mb,
                     walltime_s=action.walltime_s,
                     shutdown_margin_s=site.pilot.shutdown_margin_s, script=script,
-                    gpus=action.gpus,
+                    gpus=action.gpus, account=account,
                     deadline_s=self.tokens.deadline_s(action.walltime_s))))
                 self.tokens.bound(token, ids[-1])
         except TokenError as exc:  # retried (status says why meanwhile)

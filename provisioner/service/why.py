@@ -111,7 +111,10 @@ def answer(job: JobFacts, reports: Sequence[Report], now: float, me: str,
     why, then, report = from_job(job, mine), None, None
     unplaced = 0
     if why is None:
-        report, entry = pick(reports, key)
+        for key in map(shape_key, job.shapes):  # with its group first, if it has one
+            report, entry = pick(reports, key)
+            if entry is not None:
+                break
         if report is None:
             why = Why(Reason.NO_REPORT)
         elif entry is not None:

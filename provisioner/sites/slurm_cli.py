@@ -28,6 +28,7 @@ from provisioner.sites.slurm_jobs import (
     RETIRE_SIGNAL,
     UNRETIRE_SIGNAL,
     SlurmSiteFields,
+    charged_account,
     parse_squeue,
 )
 from provisioner.sites.slurm_refusals import UNKNOWN_JOB, classify_failure, classify_sbatch
@@ -104,8 +105,9 @@ class SlurmCliBackend(SlurmSiteFields):
         ]
         if self.partition:
             argv.append(f"--partition={self.partition}")
-        if self.account:
-            argv.append(f"--account={self.account}")
+        account = charged_account(request, self.account)
+        if account:
+            argv.append(f"--account={account}")
         if self.qos:
             argv.append(f"--qos={self.qos}")
         if request.gpus > 0:

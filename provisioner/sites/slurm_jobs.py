@@ -12,8 +12,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
+from provisioner.config.allocations import SLURM_ACCOUNT_PATTERN
 from provisioner.decide.limits import JOB_LIMIT_REASONS
-from provisioner.sites.base import SiteJob, SiteJobState
+from provisioner.errors import Rejected
+from provisioner.sites.base import PilotRequest, SiteJob, SiteJobState
 
 log = logging.getLogger(__name__)
 
@@ -160,8 +162,23 @@ def parse_squeue(doc: Mapping[str, Any], job_name: str) -> list[SiteJob]:
             ends_at=ends or None,
             gpus=_gpus(job),
             limit_reason=limited,
+            account=str(job.get("account") or ""),
         ))
     return jobs
+
+
+_ACCOUNT = re.compile(SLURM_ACCOUNT_PATTERN)
+
+
+def charged_account(request: PilotRequest, site_account: str | None) -> str | None:
+    """The SLURM account a pilot is charged to: its allocation's (`request.account`)
+    over the site's `account`; None: the pilot account's default. An account that is no
+    SLURM account name (the configuration's pattern) is refused here too, before it
+    reaches an argument list or a job description."""
+    account = request.account or site_account
+    if account is not None and not _ACCOUNT.fullmatch(account):
+        raise Rejected(f"not a SLURM account name: {account!r}")
+    return account
 
 
 @dataclass

@@ -34,6 +34,7 @@ from provisioner.sites.slurm_jobs import (
     STATE_TABLE,
     UNRETIRE_SIGNAL,
     SlurmSiteFields,
+    charged_account,
     parse_squeue,
 )
 from provisioner.sites.slurm_refusals import UNKNOWN_JOB, classify_failure, classify_sbatch
@@ -77,7 +78,8 @@ class SlurmRestBackend(SlurmSiteFields):
             # sbatch passes on the login shell's; the batch script exports its own.
             "environment": ["PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8"],
         }
-        for key, value in (("partition", self.partition), ("account", self.account),
+        account = charged_account(request, self.account)
+        for key, value in (("partition", self.partition), ("account", account),
                            ("qos", self.qos)):
             if value:
                 job[key] = value
