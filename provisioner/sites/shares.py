@@ -40,6 +40,18 @@ def wanted_accounts(accounts: Iterable[str]) -> list[str]:
     return sorted({a for a in accounts if _ACCOUNT.match(a)})
 
 
+#: `sshare --json` alone: the calling user's own associations (and their accounts).
+SSHARE_MINE = ("sshare", "--json")
+
+
+def user_accounts(doc: Any, user: str | None) -> list[str]:
+    """The accounts `user` may charge (those holding a USER record of theirs), sorted;
+    with `user` None every USER record's (sshare alone shows the caller's only)."""
+    return sorted({str(r.get("parent")) for r in _records(doc)
+                   if not _is_account(r) and r.get("parent")
+                   and (user is None or r.get("name") == user)})
+
+
 def sshare_argv(accounts: Sequence[str]) -> list[str]:
     """The one sshare command that reads `accounts` (valid names, as from
     `wanted_accounts`): the form the site's SSH gate allows."""

@@ -17,6 +17,7 @@ from types import ModuleType
 import pytest
 
 from provisioner.onboard import check as site_check
+from provisioner.onboard.discover import read_grants
 from provisioner.onboard.probe import NO_TOKEN
 from provisioner.sites.base import PilotRequest
 from provisioner.sites.executor import CommandResult, remote_command
@@ -103,6 +104,7 @@ def backend_requests() -> list[str]:
     for cmd in (["scontrol", "show", "config"], ["scontrol", "show", "partition", "-o"],
                 ["scontrol", "show", "node", "-o"]):
         rec.run(cmd, b._env())
+    assert read_grants(rec, "/etc/slurm-gsi/slurm.conf", "pilot").error == ""  # type: ignore[arg-type]
     return rec.lines
 
 
@@ -138,9 +140,10 @@ def test_every_request_of_the_backend_probe_and_site_check_is_allowed(
     ("stat -L -c %F -- /etc/shadow", "not allowed"),
     ("test -r /etc/shadow", "not a configured image"),
     ("scontrol update jobid=42 timelimit=99999", "not allowed"),
-    # sshare: exactly `sshare --json --accounts=A[,B...]`, nothing else it can say
+    # sshare: exactly `sshare --json [--accounts=A[,B...]]`, nothing else it can say
     ("sshare", "sshare arguments outside the grammar"),
-    ("sshare --json", "sshare arguments outside the grammar"),
+    ("sshare -l", "sshare arguments outside the grammar"),
+    ("sshare --json --json", "sshare arguments outside the grammar"),
     ("sshare -l -P --accounts=alloc-a", "sshare arguments outside the grammar"),
     ("sshare --accounts=alloc-a --json", "sshare arguments outside the grammar"),
     ("sshare --json=v0.0.40 --accounts=alloc-a", "sshare arguments outside the grammar"),
