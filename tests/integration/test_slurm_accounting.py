@@ -8,7 +8,8 @@ account associated with it), so that no other job charges it:
 - after a job charged to it ends, its use is the earlier reading plus sacct's
   ElapsedRaw x AllocCPUS / 60 CPU-minutes (and the same of its node and GPU);
 - a running job's use shows at the controller's next usage pass (PriorityCalcPeriod:
-  a minute in the testbed), no more than the job has run.
+  a minute in the testbed), no more than the job has run;
+- frankfurt's slurmdbd accepts the JWTs slurmrestd passes on, and refuses a forged one.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from conftest import SITES, service_config, slurm
+from conftest import LOGIN, SITES, run, service_config, slurm, slurm_env
 from test_loop import wait_for
 
 from provisioner.sites import make_backend
@@ -146,3 +147,22 @@ def test_a_running_jobs_use_shows_at_the_next_usage_pass(
         assert 0 < grown <= cpus * (time.time() - t0 + 1) / 60, (grown, time.time() - t0)
     finally:
         slurm(name, ["scancel", job_id], check=False)
+
+
+def test_frankfurts_slurmdbd_accepts_the_pilots_jwt_and_refuses_a_forged_one() -> None:
+    """A client with SLURM_JWT speaks auth/jwt to slurmdbd too (sacct), as slurmrestd
+    does with each client's token."""
+    token = slurm("frankfurt", ["scontrol", "token", "username=pilot", "lifespan=300"]
+                  ).stdout.strip().removeprefix("SLURM_JWT=")
+
+    def sacct(jwt: str) -> tuple[int, str]:
+        proc = run(["sacct", "-X", "-n", "-P", "-S", "now-1day", "-o", "JobID,Account"],
+                   user="pilot", env={**slurm_env("frankfurt"), "SLURM_JWT": jwt},
+                   host=LOGIN["frankfurt"], check=False)
+        return proc.returncode, proc.stderr
+
+    rc, err = sacct(token)
+    assert rc == 0 and "error" not in err, err
+    head, _, sig = token.rpartition(".")
+    rc, err = sacct(f"{head}.{sig[::-1]}")
+    assert "Protocol authentication error" in err, (rc, err)

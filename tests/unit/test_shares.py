@@ -13,6 +13,7 @@ sshare and slurmrestd answer so is tests/integration/test_slurm_accounting.py's 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,13 +21,17 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from provisioner.config.allocations import SLURM_ACCOUNT_PATTERN
 from provisioner.errors import Transient, Unreachable
 from provisioner.sites.base import AccountCharge
 from provisioner.sites.executor import CommandResult
 from provisioner.sites.shares import SharesError, parse_shares, sshare_argv, wanted_accounts
 from provisioner.sites.slurm_cli import SlurmCliBackend
 
+from .test_site_gate import gate
 from .test_slurm_rest import FakeServer, backend, reply
 
 DATA = Path(__file__).parent / "data"
@@ -177,3 +182,34 @@ def test_an_unreadable_shares_reply_raises(tmp_path: Path, answer: Any, words: s
     server = FakeServer({"GET shares": answer})
     with pytest.raises((Unreachable, Transient), match=words):
         backend(tmp_path, server).account_charges(["alloc-b"])
+
+
+# --- the request through the SSH gate ----------------------------------------------
+
+GATE_CFG = {"ids": "testbed(-probe)?", "log_dir": "/var/log/pilots", "images": set(),
+            "slurm_confs": {"/etc/slurm-gsi/slurm.conf"}, "log": "/dev/null",
+            "path": "/usr/local/bin:/usr/bin:/bin"}
+WORDS = st.text(alphabet="aZ09_.-,; $/=*", max_size=70)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(WORDS, max_size=8))
+def test_every_sshare_the_backend_sends_passes_the_gate(names: list[str]) -> None:
+    wanted = wanted_accounts(names)
+    if wanted:  # nothing is sent for no account
+        assert gate.check(sshare_argv(wanted), GATE_CFG)[1] == sshare_argv(wanted)
+        assert all(re.fullmatch(SLURM_ACCOUNT_PATTERN, a) for a in wanted)
+
+
+@settings(max_examples=300, deadline=None)
+@given(WORDS)
+def test_the_gate_lets_through_only_lists_of_valid_account_names(listed: str) -> None:
+    """Exactly what the configuration calls an account name (SLURM_ACCOUNT_PATTERN),
+    comma-separated, passes; anything else in the word is refused."""
+    valid = all(re.fullmatch(SLURM_ACCOUNT_PATTERN, a) for a in listed.split(","))
+    argv = ["sshare", "--json", f"--accounts={listed}"]
+    if valid:
+        gate.check(argv, GATE_CFG)
+    else:
+        with pytest.raises(gate.Refused, match="sshare arguments outside the grammar"):
+            gate.check(argv, GATE_CFG)
