@@ -60,8 +60,8 @@ def test_discover_prints_each_grant_as_an_allocation_the_admin_must_complete() -
         assert field in str(refused.value).replace("[", ".").replace("]", ""), refused.value
     # filled in as the comment asks, the block is a valid configuration (with the journal
     # that holds an allocation's ledger)
-    filled = "journal: /var/lib/provisioner/journal.sqlite\n" + text.replace("  period:\n", "  period: monthly\n").replace(
-        "groups: []", "groups: [physics]")
+    filled = "journal: /var/lib/provisioner/journal.sqlite\n" + text.replace(
+        "  period:\n", "  period: monthly\n").replace("groups: []", "groups: [physics]")
     config = parse_config(filled)
     assert [(a.name, a.account, a.unit, a.amount, a.period) for a in
             config.site("gsi").allocations] == [
