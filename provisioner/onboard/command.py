@@ -6,6 +6,7 @@ Thin: each reads what it needs and hands the pure parts (provisioner.onboard.fit
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import sys
@@ -22,10 +23,17 @@ from provisioner.config import (
 )
 from provisioner.errors import BackendError
 from provisioner.onboard import check, fit
-from provisioner.onboard.discover import Access, Live, LiveError, discover, read_live
+from provisioner.onboard.discover import (
+    Access,
+    Live,
+    LiveError,
+    discover,
+    read_grants,
+    read_live,
+)
 from provisioner.onboard.probe import Limits, Probe
 from provisioner.onboard.restcheck import image_row, rest_checks
-from provisioner.onboard.restinfo import read_live_rest
+from provisioner.onboard.restinfo import read_grants_rest, read_live_rest
 from provisioner.onboard.table import Check, as_json, failed, render, site_ok, skipped
 from provisioner.security.tokens import check_key
 from provisioner.sites import pilot_settings, rest_client
@@ -232,8 +240,12 @@ def site_discover(access: Access, partition: str | None, image: str, account: st
         cfg = LocalExecutorConfig(run_as=access.user)
     executor = make_executor(name or "discover", cfg)
     try:
-        return _print_block(lambda: read_live(executor, access.slurm_conf, where), partition,
-                            access, image, account, name, where)
+        def read() -> Live:
+            return dataclasses.replace(
+                read_live(executor, access.slurm_conf, where),
+                grants=read_grants(executor, access.slurm_conf, access.user))
+
+        return _print_block(read, partition, access, image, account, name, where)
     finally:
         executor.close()
         shutil.rmtree(control_dir, ignore_errors=True)
@@ -250,8 +262,11 @@ def _discover_rest(access: Access, partition: str | None, image: str, account: s
                         token=token, where="--rest-url")
     where = f"{access.user} at {access.rest_url}"
     try:
-        return _print_block(lambda: read_live_rest(client, where), partition, access, image,
-                            account, name, where)
+        def read() -> Live:
+            return dataclasses.replace(read_live_rest(client, where),
+                                       grants=read_grants_rest(client, access.user))
+
+        return _print_block(read, partition, access, image, account, name, where)
     finally:
         client.close()
 

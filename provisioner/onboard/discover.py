@@ -1,14 +1,17 @@
 """`provisioner site discover`: a site block for the YAML from what SLURM says.
 
 `read_live` asks the site's SLURM (through an Executor: SSH to the login node, or
-this host) for its partitions and nodes; `site_block` (pure) turns the chosen
+this host) for its partitions and nodes, and `read_grants` its accounting for the
+grants on the accounts the pilots may charge; `site_block` (pure) turns the chosen
 partition into a block of the configuration schema (provisioner.config.SiteConfig),
 so limits are never copied by hand; `render_block` prints it with comments saying
-where each limit came from.
+where each limit came from, and the grants as allocations
+(provisioner.onboard.grants).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -18,6 +21,7 @@ import yaml
 
 from provisioner.config import SITE_NAME_PATTERN
 from provisioner.errors import BackendError
+from provisioner.onboard.grants import Grants, grants_from_shares, render_allocations
 from provisioner.onboard.slurminfo import (
     Node,
     Partition,
@@ -27,6 +31,7 @@ from provisioner.onboard.slurminfo import (
     pick_partition,
 )
 from provisioner.sites.executor import Executor
+from provisioner.sites.shares import SSHARE_MINE
 
 #: Pilots ask for this share of a node's RealMemory (the node's own daemons and the
 #: page cache need some): 8000 MB -> 7800 MB.
@@ -45,6 +50,8 @@ class Live:
     cluster: str
     partitions: tuple[Partition, ...]
     nodes: tuple[Node, ...]
+    #: SLURM's grants on the accounts the pilots may charge (None: not asked for).
+    grants: Grants | None = None
 
 
 def slurm_env(slurm_conf: str | None) -> dict[str, str]:
@@ -77,6 +84,23 @@ def read_live(executor: Executor, slurm_conf: str | None, where: str) -> Live:
     except SlurmOutputError as exc:
         raise LiveError(f"{where}: {exc}") from exc
     return Live(m.group(1) if m else "", tuple(parts), tuple(nodes))
+
+
+def read_grants(executor: Executor, slurm_conf: str | None, user: str | None) -> Grants:
+    """`sshare --json` as the site's account: its own associations, their use and
+    grants. A site whose accounting cannot be read has none (the error says why)."""
+    try:
+        result = executor.run(list(SSHARE_MINE), slurm_env(slurm_conf))
+    except BackendError as exc:
+        return Grants(error=str(exc))
+    if result.returncode != 0:
+        said = (result.stderr or result.stdout).strip().splitlines()
+        return Grants(error=said[-1] if said else f"sshare exited {result.returncode}")
+    try:
+        doc = json.loads(result.stdout)
+    except json.JSONDecodeError as exc:
+        return Grants(error=f"sshare printed no JSON: {exc}")
+    return grants_from_shares(doc, user)
 
 
 @dataclass(frozen=True)
@@ -173,8 +197,10 @@ def describe(part: Partition, nodes: Sequence[Node]) -> str:
 
 
 def render_block(block: Mapping[str, Any], part: Partition, nodes: Sequence[Node],
-                 others: Sequence[Partition], where: str) -> str:
-    """The block as YAML under `sites:`, with comments saying what SLURM reported."""
+                 others: Sequence[Partition], where: str, grants: Grants | None = None
+                 ) -> str:
+    """The block as YAML under `sites:`, with comments saying what SLURM reported, and
+    the grants as its `allocations:`."""
     body = yaml.safe_dump([dict(block)], sort_keys=False, default_flow_style=False)
     indented = "".join(f"  {line}" for line in body.splitlines(keepends=True))
     other = ", ".join(p.name for p in others if p.name != part.name)
@@ -184,7 +210,7 @@ def render_block(block: Mapping[str, Any], part: Partition, nodes: Sequence[Node
              "# Check the image path, then: provisioner site check " + str(block["name"])]
     if other:
         lines.append(f"# Other partitions: {other} (--partition NAME for another block).")
-    return "\n".join(lines) + "\nsites:\n" + indented
+    return "\n".join(lines) + "\nsites:\n" + indented + render_allocations(grants)
 
 
 def discover(live: Live, partition: str | None, access: Access, image: str,
@@ -196,4 +222,4 @@ def discover(live: Live, partition: str | None, access: Access, image: str,
         raise LiveError(f"{where}: {what} (partitions: {names}); use --partition")
     block = site_block(name or site_name(live.cluster, access.host), part, live.nodes,
                        access, image, account)
-    return render_block(block, part, live.nodes, live.partitions, where)
+    return render_block(block, part, live.nodes, live.partitions, where, live.grants)

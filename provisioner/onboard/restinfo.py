@@ -1,5 +1,6 @@
-"""What SLURM says about a site through slurmrestd (`/partitions`, `/nodes`, `/diag`),
-as the same records `scontrol` gives (provisioner.onboard.slurminfo), so that
+"""What SLURM says about a site through slurmrestd (`/partitions`, `/nodes`, `/diag`,
+and `/shares` for the grants), as the same records `scontrol` and `sshare` give
+(provisioner.onboard.slurminfo, provisioner.sites.shares), so that
 `site discover`, `site check` and `check-config --live` judge a REST site as any
 other. The translation is pure; `read_live_rest` asks the server.
 """
@@ -11,6 +12,7 @@ from typing import Any
 
 from provisioner.errors import BackendError
 from provisioner.onboard.discover import Live, LiveError
+from provisioner.onboard.grants import Grants, grants_from_shares
 from provisioner.onboard.slurminfo import Node, Partition, node_gpus
 from provisioner.sites.rest_client import RestClient
 
@@ -108,3 +110,15 @@ def read_live_rest(client: RestClient, where: str) -> Live:
     except BackendError as exc:
         raise LiveError(f"{where}: {exc}") from None
     return Live(cluster, parts, nodes)
+
+
+def read_grants_rest(client: RestClient, user: str | None) -> Grants:
+    """The accounts `user` may charge, their use and grants, from GET /shares; a site
+    whose accounting cannot be read has none (the error says why)."""
+    try:
+        reply = client.call("GET", "shares")
+    except BackendError as exc:
+        return Grants(error=str(exc))
+    if reply.text or reply.status != 200:
+        return Grants(error=f"GET shares: {reply.text or f'HTTP {reply.status}'}")
+    return grants_from_shares(reply.doc, user)

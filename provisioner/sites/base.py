@@ -77,7 +77,7 @@ class AccountCharge:
 
 
 class SiteBackend(Protocol):
-    """Contract of a site backend (implementation required for all five methods).
+    """Contract of a site backend (implementation required for all seven methods).
 
     Implementations must be safe to call once per cycle per site and must never
     build a shell command string from configuration or ClassAd values.
@@ -139,5 +139,19 @@ class SiteBackend(Protocol):
         left out with one warning naming its file; never raised. Raises Unreachable or
         Transient when the records cannot be read at all. Reading changes nothing; the
         backend keeps the site's record directory from growing without bound.
+        """
+        ...
+
+    def account_charges(self, accounts: Sequence[str]) -> Mapping[str, AccountCharge]:
+        """What SLURM's accounting says of each of `accounts` (SLURM account names), by
+        account: the TRES-minutes its jobs used since SLURM last reset the use, running
+        jobs included up to SLURM's last usage pass, and its GrpTRESMins grant.
+
+        One read of the site per call (no account is asked for alone). An account
+        SLURM does not know, or whose use the pilot account may not read, is absent;
+        an empty `accounts` reads nothing. Raises Unreachable or Transient when the
+        site's accounting cannot be read at all (no slurmdbd, the controller down, a
+        report not as expected): never a partial or guessed answer. Reading changes
+        nothing.
         """
         ...

@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from provisioner.errors import BackendError, Rejected, Transient, Unreachable
 from provisioner.pilot import endrecord
 from provisioner.pilot.endrecord import BadEndRecord, EndRecord
-from provisioner.sites.base import MAX_END_RECORDS, PilotRequest, SiteJob
+from provisioner.sites.base import MAX_END_RECORDS, AccountCharge, PilotRequest, SiteJob
 from provisioner.sites.executor import CommandResult, Executor
+from provisioner.sites.shares import SharesError, parse_shares, sshare_argv, wanted_accounts
 from provisioner.sites.slurm_jobs import (
     RELEASE_SIGNAL,
     RETIRE_SIGNAL,
@@ -143,6 +144,20 @@ class SlurmCliBackend(SlurmSiteFields):
         except json.JSONDecodeError as exc:
             raise Unreachable(f"squeue at {self.name} printed invalid JSON: {exc}") from exc
         return parse_squeue(doc, self.job_name)
+
+    def account_charges(self, accounts: Sequence[str]) -> dict[str, AccountCharge]:
+        """`sshare --json --accounts=...` (provisioner.sites.shares)."""
+        wanted = wanted_accounts(accounts)
+        if not wanted:
+            return {}
+        result = self.executor.run(sshare_argv(wanted), self._env())
+        if result.returncode != 0:
+            err = _classify(f"sshare at {self.name}", result)
+            raise err if isinstance(err, Unreachable | Transient) else Unreachable(str(err))
+        try:
+            return parse_shares(json.loads(result.stdout), wanted)
+        except (json.JSONDecodeError, SharesError) as exc:
+            raise Unreachable(f"sshare at {self.name}: {exc}") from exc
 
     def _scancel(self, job_id: str, *options: str) -> None:
         if not job_id.isdigit():

@@ -26,8 +26,9 @@ from typing import Any
 from provisioner.errors import Rejected, Transient, Unreachable
 from provisioner.pilot import endrecord
 from provisioner.pilot.endrecord import BadEndRecord, EndRecord
-from provisioner.sites.base import MAX_END_RECORDS, PilotRequest, SiteJob
+from provisioner.sites.base import MAX_END_RECORDS, AccountCharge, PilotRequest, SiteJob
 from provisioner.sites.rest_client import RestClient, RestReply
+from provisioner.sites.shares import SharesError, parse_shares, wanted_accounts
 from provisioner.sites.slurm_jobs import (
     RELEASE_SIGNAL,
     RETIRE_SIGNAL,
@@ -150,6 +151,24 @@ class SlurmRestBackend(SlurmSiteFields):
                 self._warned.add(job_id)
                 log.warning("end record of job %s at %s ignored: %s", job_id, self.name, exc)
             return None
+
+    def account_charges(self, accounts: Sequence[str]) -> dict[str, AccountCharge]:
+        """GET /shares (provisioner.sites.shares). slurmrestd 24.11 answers every
+        association whatever `accounts` asks for: the wanted ones are picked here."""
+        wanted = wanted_accounts(accounts)
+        if not wanted:
+            return {}
+        try:
+            reply = self.client.call("GET", "shares", params={"accounts": ",".join(wanted)})
+        except Rejected as exc:
+            raise Unreachable(str(exc)) from None
+        if reply.text or reply.status != 200:
+            raise Unreachable(f"site {self.name}: GET shares failed: "
+                              f"{reply.text or reply.status}")
+        try:
+            return parse_shares(reply.doc, wanted)
+        except SharesError as exc:
+            raise Unreachable(f"site {self.name}: GET shares: {exc}") from None
 
     def _signal(self, job_id: str, signal: str | None, flags: str | None) -> None:
         if not job_id.isdigit():

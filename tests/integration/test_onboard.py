@@ -5,6 +5,7 @@ each named in its output. The checks run as the service's account, as an admin w
 
 from __future__ import annotations
 
+import math
 import shutil
 import subprocess
 import tempfile
@@ -96,6 +97,7 @@ def onboarded(wheel: Path) -> Path:
             blocks["frankfurt"]["template"]) == (172800, 4, "frankfurt.sh.j2")
     assert blocks["frankfurt"]["backend"] == "slurm-rest", blocks["frankfurt"]
     assert "executor" not in blocks["frankfurt"]
+    allocations_wait_for_the_admin(wheel, data, blocks)
     blocks["gsi"]["executor"]["key_file"] = str(etc / "ssh/id_ed25519")
     blocks["gsi"]["executor"]["known_hosts"] = str(etc / "ssh/known_hosts")
     blocks["frankfurt"]["rest"]["token_file"] = str(etc / "tokens.d/frankfurt.jwt")
@@ -110,6 +112,33 @@ def onboarded(wheel: Path) -> Path:
     data["sites"] = [blocks[s] for s in SITES]
     (etc / "provisioner.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     return etc / "provisioner.yaml"
+
+
+def allocations_wait_for_the_admin(wheel: Path, data: dict, blocks: dict[str, dict]) -> None:
+    """Each site's block has SLURM's grants on the accounts pilot may charge (the
+    testbed's accounts.cfg: alloc-a, alloc-b), in core-hours, period and groups left
+    empty; check-config refuses them until filled in. They are then removed: this
+    onboarding runs without allocations."""
+    for site, block in blocks.items():
+        out = slurm(site, ["sacctmgr", "-n", "-P", "show", "assoc", "where",
+                           "account=alloc-a,alloc-b", "user=", "format=account,grptresmins"])
+        grants = dict(line.split("|") for line in out.stdout.split())
+        want = [{"name": a, "account": a, "unit": "core-hours",
+                 "amount": math.floor(int(grants[a].removeprefix("cpu=")) / 60 * 1000) / 1000,
+                 "period": None,
+                 "groups": []} for a in ("alloc-a", "alloc-b")]
+        assert block["allocations"] == want, (site, block)
+    unfinished = wheel / "unfinished.yaml"
+    unfinished.write_text(yaml.safe_dump({**data, "sites": [blocks[s] for s in SITES]},
+                                         sort_keys=False))
+    run(["chown", f"{SERVICE_USER}:", str(unfinished)])
+    refused = provisioner(wheel, "-c", str(unfinished), "check-config")
+    assert refused.returncode != 0, refused.stdout
+    for i in (0, 1):
+        for field in (f"sites[{i}].allocations[0].period", f"sites[{i}].allocations[1].groups"):
+            assert field in refused.stderr + refused.stdout, refused.stderr
+    for block in blocks.values():
+        del block["allocations"]
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ from types import ModuleType
 import pytest
 
 from provisioner.onboard import check as site_check
+from provisioner.onboard.discover import read_grants
 from provisioner.onboard.probe import NO_TOKEN
 from provisioner.sites.base import PilotRequest
 from provisioner.sites.executor import CommandResult, remote_command
@@ -53,7 +54,8 @@ class Recorder:
     def run(self, argv: Sequence[str], env: Mapping[str, str], stdin: str | None = None
             ) -> CommandResult:
         self.lines.append(remote_command(argv, env))
-        out = "42\n" if argv[0] == "sbatch" else '{"jobs": []}' if argv[0] == "squeue" else ""
+        out = {"sbatch": "42\n", "squeue": '{"jobs": []}',
+               "sshare": '{"shares": {"shares": []}}'}.get(argv[0], "")
         return CommandResult(0, out, "")
 
     def close(self) -> None:
@@ -83,6 +85,7 @@ def backend_requests() -> list[str]:
     b.cancel("42")
     b.cancel("42", only_pending=True)
     b.end_records(["42", "43"])
+    b.account_charges(["alloc-b", "alloc-a", "alloc-a"])
     argv = b.sbatch_argv(PilotRequest(4, 7800, 3600, 120, "x"))
     argv.insert(1, "--test-only")
     rec.run(argv, b._env(), stdin="x")
@@ -101,6 +104,7 @@ def backend_requests() -> list[str]:
     for cmd in (["scontrol", "show", "config"], ["scontrol", "show", "partition", "-o"],
                 ["scontrol", "show", "node", "-o"]):
         rec.run(cmd, b._env())
+    assert read_grants(rec, "/etc/slurm-gsi/slurm.conf", "pilot").error == ""  # type: ignore[arg-type]
     return rec.lines
 
 
@@ -109,9 +113,9 @@ def test_every_request_of_the_backend_probe_and_site_check_is_allowed(
     me = __import__("pwd").getpwuid(os.getuid()).pw_name
     monkeypatch.setattr(gate, "job_owner", lambda job, env, cfg: me)
     lines = backend_requests()
-    kinds = {shlex.split(line)[3 if "SLURM_CONF" in line else 2] for line in lines}
+    kinds = {next(w for w in shlex.split(line)[1:] if "=" not in w) for line in lines}
     assert {"sbatch", "squeue", "scancel", "head", "find", "scontrol", "stat", "test",
-            "id"} <= kinds
+            "id", "sshare"} <= kinds
     for line in lines:
         env, argv = gate.check(shlex.split(line), cfg)
         assert argv[0] in kinds and env["PATH"] == "/usr/local/bin:/usr/bin:/bin"
@@ -136,6 +140,22 @@ def test_every_request_of_the_backend_probe_and_site_check_is_allowed(
     ("stat -L -c %F -- /etc/shadow", "not allowed"),
     ("test -r /etc/shadow", "not a configured image"),
     ("scontrol update jobid=42 timelimit=99999", "not allowed"),
+    # sshare: exactly `sshare --json [--accounts=A[,B...]]`, nothing else it can say
+    ("sshare", "sshare arguments outside the grammar"),
+    ("sshare -l", "sshare arguments outside the grammar"),
+    ("sshare --json --json", "sshare arguments outside the grammar"),
+    ("sshare -l -P --accounts=alloc-a", "sshare arguments outside the grammar"),
+    ("sshare --accounts=alloc-a --json", "sshare arguments outside the grammar"),
+    ("sshare --json=v0.0.40 --accounts=alloc-a", "sshare arguments outside the grammar"),
+    ("sshare --json --all", "sshare arguments outside the grammar"),
+    ("sshare --json --users=alice", "sshare arguments outside the grammar"),
+    ("sshare --json --accounts=alloc-a --all", "sshare arguments outside the grammar"),
+    ("sshare --json --accounts=alloc-a -M all", "sshare arguments outside the grammar"),
+    ("sshare --json --accounts=", "sshare arguments outside the grammar"),
+    ("sshare --json --accounts=alloc-a,,alloc-b", "sshare arguments outside the grammar"),
+    ("sshare --json --accounts=-M,all", "sshare arguments outside the grammar"),
+    ("sshare --json '--accounts=alloc-a;id'", "sshare arguments outside the grammar"),
+    ("sshare --json '--accounts=alloc-a alloc-b'", "sshare arguments outside the grammar"),
 ])
 def test_anything_else_is_refused_with_its_reason(cfg: dict[str, object], line: str,
                                                   reason: str) -> None:

@@ -4,7 +4,7 @@
 # Every check runs on the host a user of that component would run it from.
 # shellcheck shell=bash
 export PATH=/opt/venv/bin:/usr/sbin:/usr/bin:/sbin:/bin
-COMPONENTS="network munge slurm-gsi slurm-frankfurt ssh-gsi rest-frankfurt condor-collector condor-negotiator condor-schedd condor-schedd-submit2 tokens xrootd-origin xrootd-cache prometheus apptainer"
+COMPONENTS="network munge slurmdbd-gsi slurmdbd-frankfurt slurm-gsi slurm-frankfurt ssh-gsi rest-frankfurt condor-collector condor-negotiator condor-schedd condor-schedd-submit2 tokens xrootd-origin xrootd-cache prometheus apptainer"
 ON=/src/deploy/testbed/inside/on
 on() { "$ON" "$@"; }
 
@@ -17,8 +17,26 @@ check_network() {  # every host has its namespace and reaches the central manage
 
 check_munge() { munge -n 2>&1 | unmunge >/dev/null 2>&1; }
 
+# inside/slurm-up.sh starts SLURM in the background; it says here if it failed.
+slurm_failed() {
+    [ -e /var/log/testbed/slurm.failed ] || return 1
+    tail -n 1 /var/log/testbed/slurm.failed
+}
+
+check_slurmdbd() {  # cluster login: its slurmdbd answers, with the accounts loaded
+    local out
+    slurm_failed && return 2
+    out=$(SLURM_CONF=/etc/slurm-$1/slurm.conf timeout 10 "$ON" "$2" -- sacctmgr -n -P \
+        show assoc where "cluster=$1" account=alloc-a user=pilot format=account 2>&1) \
+        || { echo "$out"; return 1; }
+    [ "$out" = alloc-a ] || { echo "no association of pilot with alloc-a (yet)"; return 1; }
+}
+check_slurmdbd-gsi() { check_slurmdbd gsi gsi-login; }
+check_slurmdbd-frankfurt() { check_slurmdbd frankfurt fra-login; }
+
 check_slurm() {  # cluster login: controller answers on the login node, every node usable
     local out
+    slurm_failed && return 2
     out=$(SLURM_CONF=/etc/slurm-$1/slurm.conf timeout 10 "$ON" "$2" -- sinfo -h -N -o '%N %t' 2>&1) || { echo "$out"; return 1; }
     [ -n "$out" ] || { echo "no nodes"; return 1; }
     if echo "$out" | grep -vqE ' (idle|mix|alloc|comp|plnd)$'; then echo "$out" | tr '\n' ' '; return 1; fi

@@ -30,7 +30,13 @@ for c in gsi frankfurt; do
     sed "s|/etc/slurm-CLUSTER/|/etc/slurm-$c/|" "$etc/job_submit.lua" >"/etc/slurm-$c/job_submit.lua"
     chmod 0644 "/etc/slurm-$c/job_submit.lua"
     install -d -o slurm -g slurm "/var/lib/slurm/$c"
+    # its slurmdbd (on its login node): slurmdbd refuses a file others may read
+    install -m 0600 -o slurm -g slurm "$etc/slurmdbd-$c.conf" "/etc/slurm-$c/slurmdbd.conf"
 done
+# The accounts both clusters load (inside/slurm-up.sh), and their one MariaDB.
+install -m 0644 "$etc/accounts.cfg" /etc/slurm-accounts.cfg
+install -m 0644 "$etc/mariadb.cnf" /etc/mysql/testbed.cnf
+install -d -o mysql -g mysql /run/mysqld /run/testbed-mariadb /var/log/mysql
 # frankfurt's JWT signing key (slurm-frankfurt.conf AuthAltParameters): the
 # controller's alone. slurmrestd runs as an account of its own (it refuses root
 # and SlurmUser) and needs no key: it passes each client's token on.

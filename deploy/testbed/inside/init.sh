@@ -6,7 +6,6 @@ set -uo pipefail
 export PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8
 touch /var/log/testbed/init.started
 here=/src/deploy/testbed
-CLUSTERS="gsi frankfurt"
 
 stop_all() {
     echo "stopping daemons"
@@ -22,6 +21,10 @@ stop_all() {
         pgrep -x 'condor_master|slurmd|slurmctld|xrootd|cmsd' >/dev/null || break
         sleep 0.1
     done
+    # the controllers are gone: nothing sends their slurmdbd records any more
+    pkill -TERM -x slurmdbd
+    for _ in $(seq 50); do pgrep -x slurmdbd >/dev/null || break; sleep 0.1; done
+    pkill -TERM -x mariadbd
     pkill -TERM -x munged
     exit 0
 }
@@ -36,15 +39,8 @@ on() { "$here/inside/on" "$@"; }
 echo "starting munge"
 runuser -u munge -- /usr/sbin/munged
 
-echo "starting SLURM"
-for c in $CLUSTERS; do
-    conf=/etc/slurm-$c/slurm.conf
-    ctl=$(awk -F= '/^SlurmctldHost=/ {print $2}' "$conf")
-    on "$ctl" -- slurmctld -f "$conf"
-    for n in $(awk '/^NodeName=/ {sub("NodeName=", "", $1); print $1}' "$conf"); do
-        on "$n" -- slurmd -f "$conf" -N "$n"
-    done
-done
+echo "starting SLURM in the background: MariaDB, each site's slurmdbd, accounts, controller"
+/bin/bash "$here/inside/slurm-up.sh" &
 
 echo "starting slurmrestd on fra-login (JWT; the provisioner reaches frankfurt only so)"
 "$here/inside/slurmrestd-ctl" start
