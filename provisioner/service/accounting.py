@@ -49,6 +49,8 @@ class PilotRecord:
     end_source: str | None = None  # "record" (the pilot's end record), "squeue", ...
     end_reason: str | None = None  # why it ended, from its end record
     gpus: int = 0  # GPUs SLURM gave it (asked for, while pending)
+    account: str = ""  # the SLURM account charged (squeue's); "" = not known
+    allocation: str = ""  # the allocation of that account when recorded; "" = none
 
     @property
     def key(self) -> str:
@@ -68,6 +70,7 @@ class JobRun:
     end_at: float
     cpu_s: float = 0.0  # RemoteUserCpu + RemoteSysCpu
     gpus: int = 0  # RequestGPUs
+    group: str = ""  # AcctGroup (the accounting group); "" = none
 
     @property
     def pilot_key(self) -> str:
