@@ -70,7 +70,7 @@ class JobRun:
     end_at: float
     cpu_s: float = 0.0  # RemoteUserCpu + RemoteSysCpu
     gpus: int = 0  # RequestGPUs
-    group: str = ""  # AcctGroup (the accounting group); "" = none
+    group: str = ""  # the job's accounting group (AcctGroup); "" = none
 
     @property
     def pilot_key(self) -> str:
