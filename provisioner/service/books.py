@@ -394,6 +394,25 @@ class AllocationRow:
             "burn_rate_per_h": round(e.burn_rate, 6), "runout_at": self.runout}
 
 
+def stopped_of(controller: object) -> Stopped:
+    """The allocations the controller stopped (SLURM refused their account), by
+    (site, allocation)."""
+    return dict(getattr(controller, "stopped_allocations", None) or {})
+
+
+def stopped_record(stopped: Stopped) -> dict[str, str]:
+    """The stopped allocations as the journal keeps them ("site/allocation": why)."""
+    return {f"{site}/{name}": why for (site, name), why in sorted(stopped.items())}
+
+
+def stopped_read(value: object) -> Stopped:
+    """The journal's record of the stopped allocations (anything else: none)."""
+    if not isinstance(value, dict):
+        return {}
+    return {tuple(str(k).split("/", 1)): str(v) for k, v in value.items()  # type: ignore[misc]
+            if "/" in str(k)}
+
+
 def allocation_rows(config: Config, snapshot: Snapshot, entries: Mapping[Key, BookEntry],
                     now: float, stopped: Stopped | None = None) -> list[AllocationRow]:
     """Every configured allocation's budget (`provisioner.decide.budget.budgets`, the

@@ -52,7 +52,13 @@ from provisioner.pool.prototype import SiteMatcher
 from provisioner.pool.submit_events import Wakeup
 from provisioner.security.tokens import PilotToken, TokenError
 from provisioner.service.actions import HANDLERS, Fresh, cancel_lingering
-from provisioner.service.books import Books, account_names, allocation_rows
+from provisioner.service.books import (
+    Books,
+    account_names,
+    allocation_rows,
+    stopped_of,
+    stopped_record,
+)
 from provisioner.service.cycle import CycleResult, Observation
 from provisioner.service.cycle_text import action_target, breakers_of, describe, summary_line
 from provisioner.service.journal import Journal
@@ -390,7 +396,7 @@ class Provisioner:
                                self.config.site_names, self.clock()))
         self.metrics.allocations(allocation_rows(
             self.config, obs.snapshot, self.books.entries, now,
-            getattr(self.controller, "stopped_allocations", None)), self.books.groups)
+            stopped_of(self.controller)), self.books.groups)
 
     def _record(self, cycle: CycleResult, result: Plan, line: str, now: float,
                 reason: str) -> None:
@@ -399,6 +405,8 @@ class Provisioner:
         self.ledger.explain_unmatchable(obs.snapshot.pool_known, result.unmatchable)
         self.ledger.account(obs.jobs, frozenset(obs.ads), obs.snapshot.pool_known, now)
         self.books.record(self.journal)
+        if self.books.sites:  # for `provisioner status`, another process
+            self.journal.put("stopped_allocations", stopped_record(stopped_of(self.controller)))
         cid = self.journal.cycle(reason, line, cycle.timings)
         for text, outcome in cycle.outcomes:
             kind = text.split(" ", 1)[0]
