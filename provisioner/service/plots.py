@@ -107,15 +107,15 @@ def plot_burndown(line: AllocationLine, now: float, path: Path) -> Path:
             label="ideal even pace")
     ax.axhline(e.amount, color="tab:red", label=f"amount {e.amount:g} {unit}")
     if e.start <= now < e.end:
-        ax.bar([when(now)], [line.committed], bottom=[e.spent], width=(e.end - e.start)
-               / 86400 / 60, color="tab:orange", alpha=0.6, label="committed (in flight)")
+        ax.vlines([when(now)], [e.spent], [e.spent + line.committed], linewidth=6,
+                  color="tab:orange", alpha=0.7, label="committed (in flight, worst case)")
         ax.plot([when(now)], [e.spent], "o", color="tab:blue", label="spent (books, now)")
     ax.set_title(f"{e.site}/{e.allocation} ({line.pace}): {max(0.0, line.left):.1f} of "
                  f"{e.amount:g} {unit} left")
     ax.set_ylabel(unit)
     ax.set_xlabel("time (UTC)")
     ax.set_xlim(when(e.start), when(e.end))
-    ax.legend(loc="upper left")
+    ax.legend(loc="best", fontsize=8)
     ax.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d"))
     fig.tight_layout()
     fig.savefig(path, dpi=100)

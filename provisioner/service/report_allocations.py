@@ -64,7 +64,7 @@ class GroupLine:
     allocations: tuple[str, ...]  # site/allocation of that unit it may spend
     committed: float  # of those allocations (shared with their other groups)
     left: float
-    runout: float | None  # when those allocations run out at their burn rate
+    runout: float | None  # when those allocations' unspent hours go at their burn rate
 
 
 def allocation_lines(config: Config, journal: Journal, now: float,
@@ -102,13 +102,14 @@ def group_lines(config: Config, lines: Sequence[AllocationLine], runs: Sequence[
         mine = [by_alloc[k] for k in mapped.get(group, []) if k in by_alloc
                 and by_alloc[k].entry.unit == unit]
         left = sum(max(0.0, m.left) for m in mine)
+        unspent = sum(max(0.0, m.entry.amount - m.entry.spent) for m in mine)
         rate = sum(m.entry.burn_rate for m in mine)
         out.append(GroupLine(
             group, unit, spent.get((group, unit), 0.0),
             burn.get((group, unit), 0.0) / (BURN_WINDOW_S / HOUR_S),
             tuple(f"{m.entry.site}/{m.entry.allocation}" for m in mine),
             sum(m.committed for m in mine), left,
-            runout(left, 0.0, rate, now) if mine else None))
+            runout(unspent, 0.0, rate, now) if mine else None))
     return out
 
 
