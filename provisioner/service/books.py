@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import math
 import sqlite3
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, replace
 from typing import Any
@@ -42,14 +42,13 @@ from provisioner.config import UNIT_TRES, AllocationConfig, Config, SiteBase
 from provisioner.decide.budget import Budget, Stopped, budgets
 from provisioner.errors import Unreachable
 from provisioner.model import AllocationBooks, Snapshot
-from provisioner.service.accounting import PilotRecord
+from provisioner.service.accounting import HOUR_S, PilotRecord
 from provisioner.service.journal import Journal, Reading
 from provisioner.service.spend import (
     BURN_WINDOW_S,
+    NO_GROUP,
     GroupSpend,
-    burn_rate,
     charged,
-    group_spend,
     of_allocation,
     runout,
 )
@@ -109,24 +108,35 @@ class BookEntry:
                                self.error)
 
 
-def reconcile(site: str, alloc: AllocationConfig, pilots: Sequence[PilotRecord],
-              reading: Reading | None, now: float, read_error: str = "") -> BookEntry:
-    """The allocation's books at `now` from the site's pilot records and SLURM's last
+#: The ledger's charge of one allocation: unit-hours its pilots held within [t0, t1).
+Charge = Callable[[float, float], float]
+
+
+def pilots_charge(pilots: Sequence[PilotRecord], site: str, alloc: AllocationConfig,
+                  now: float) -> Charge:
+    """The ledger's charge of `alloc` from pilot records (those of the site's other
+    allocations and sites left out)."""
+    mine = of_allocation(pilots, site, alloc)
+    return lambda t0, t1: charged(mine, alloc.unit, t0, t1, now)
+
+
+def reconcile(site: str, alloc: AllocationConfig, charge: Charge, reading: Reading | None,
+              now: float, read_error: str = "") -> BookEntry:
+    """The allocation's books at `now` from the ledger's `charge` and SLURM's last
     reading (None: never read)."""
     start, end = alloc.period_bounds(now)
-    mine = of_allocation(pilots, site, alloc)
     upto = min(now, end)
-    ledger = charged(mine, alloc.unit, start, upto, now)
+    ledger = charge(start, upto)
     entry = BookEntry(site=site, allocation=alloc.name, account=alloc.account,
                       unit=alloc.unit, amount=alloc.amount, start=start, end=end,
                       spent=ledger, ledger_spent=ledger, read_error=read_error,
-                      burn_rate=burn_rate(mine, alloc.unit, now),
+                      burn_rate=charge(now - BURN_WINDOW_S, now) / (BURN_WINDOW_S / HOUR_S),
                       slurm_grant=None if reading is None else reading.grant)
     if reading is None or not start <= reading.at < end:
         return entry
-    at_reading = charged(mine, alloc.unit, start, reading.at, now)
-    since = charged(mine, alloc.unit, reading.at, upto, now)
-    lag = charged(mine, alloc.unit, reading.at - SLURM_LAG_S, reading.at, now)
+    at_reading = charge(start, reading.at)
+    since = charge(reading.at, upto)
+    lag = charge(reading.at - SLURM_LAG_S, reading.at)
     tolerance = AGREE_SHARE * alloc.amount + lag
     difference = reading.used - at_reading
     slurm_now = reading.used + since
@@ -158,21 +168,21 @@ def reading_of(site: str, alloc: AllocationConfig, charges: Mapping[str, Account
                    None if grant is None else grant / 60.0)
 
 
-def merged(records: Iterable[PilotRecord], site: str,
-           jobs: Iterable[SiteJob] | None) -> list[PilotRecord]:
-    """The journal's pilot records of `site`, with what this cycle's `squeue` knows and
-    the journal not yet: a start, an account, a pilot not recorded."""
-    by_id = {r.job_id: r for r in records}
+def unrecorded(open_records: Iterable[PilotRecord], site: str,
+               jobs: Iterable[SiteJob] | None) -> list[PilotRecord]:
+    """What this cycle's `squeue` knows of the site's pilots and the journal's open
+    records (`open_records`) do not charge yet: a pilot not recorded (new, or a job id
+    reused), a start not recorded."""
+    by_id = {r.job_id: r for r in open_records}
+    out = []
     for j in jobs or ():
         r = by_id.get(j.job_id)
         if r is None:
-            by_id[j.job_id] = PilotRecord(site, j.job_id, j.cpus, j.submitted_at,
-                                          j.started_at, None, j.memory_mb, gpus=j.gpus,
-                                          account=j.account)
-        elif r.end_at is None:
-            start = r.start_at if r.start_at is not None else j.started_at
-            by_id[j.job_id] = replace(r, start_at=start, account=r.account or j.account)
-    return list(by_id.values())
+            out.append(PilotRecord(site, j.job_id, j.cpus, j.submitted_at, j.started_at,
+                                   None, j.memory_mb, gpus=j.gpus, account=j.account))
+        elif r.start_at is None and j.started_at is not None:
+            out.append(replace(r, start_at=j.started_at, account=r.account or j.account))
+    return out
 
 
 def account_names(config: Config) -> dict[tuple[str, str], str]:
@@ -180,7 +190,12 @@ def account_names(config: Config) -> dict[tuple[str, str], str]:
     return {(s.name, a.account): a.name for s in config.sites for a in s.allocations}
 
 
-def _charges(backend: object, accounts: Sequence[str]) -> Mapping[str, AccountCharge]:
+def _charges(backend: object, accounts: Sequence[str],
+             after: Future[Any] | None = None) -> Mapping[str, AccountCharge]:
+    """The backend's read of SLURM's charge of `accounts`, once `after` (the site's
+    `squeue` read of the same cycle: a backend takes one call at a time) is done."""
+    if after is not None:
+        after.exception()  # waits; its outcome is the loop's
     read = getattr(backend, "account_charges", None)
     if read is None:
         raise Unreachable("this site's backend cannot read SLURM's accounting")
@@ -208,9 +223,11 @@ class Books:
         self.groups_at = -math.inf
 
     # --- SLURM's charge --------------------------------------------------
-    def start(self, now: float, executor: Executor | None = None) -> list[str]:
+    def start(self, now: float, executor: Executor | None = None,
+              after: Mapping[str, Future[Any]] | None = None) -> list[str]:
         """Ask SLURM's charge at every site with allocations not asked within
-        SLURM_READ_EVERY_S (in `executor`'s threads, or here); returns those sites."""
+        SLURM_READ_EVERY_S (in `executor`'s threads, each after the site's call in
+        `after`; or here); returns those sites."""
         due = [s for s in self.sites
                if now - self.asked.get(s.name, -math.inf) >= SLURM_READ_EVERY_S]
         for site in due:
@@ -218,7 +235,8 @@ class Books:
             backend = self.backends.get(site.name)
             accounts = [a.account for a in site.allocations]
             if executor is not None:
-                self.pending[site.name] = executor.submit(_charges, backend, accounts)
+                self.pending[site.name] = executor.submit(
+                    _charges, backend, accounts, (after or {}).get(site.name))
                 continue
             fut: Future[Mapping[str, AccountCharge]] = Future()
             try:
@@ -291,21 +309,22 @@ class Books:
                     self.readings.setdefault(key, r)
                     self.kept.setdefault(key, r.at)
                 self.loaded = True
-            pilots = {s.name: self._pilots(journal, s, jobs.get(s.name), now)
-                      for s in self.sites}
-            self._group_spend(journal, pilots, now)
+            entries = {}
+            for site in self.sites:
+                extra = unrecorded(journal.pilots(since=now, site=site.name), site.name,
+                                   jobs.get(site.name))
+                for alloc in site.allocations:
+                    key = (site.name, alloc.name)
+                    entries[key] = reconcile(
+                        site.name, alloc, self._charge(journal, site.name, alloc, extra, now),
+                        self.readings.get(key), now, self.read_errors.get(key, ""))
+            self._group_spend(journal, now)
         except (sqlite3.Error, OSError) as exc:
             return self._unknown(now, f"the journal cannot be read ({exc})")
         self._said_ok("journal", "the journal is readable again: the allocations' books "
                       "are known")
-        entries = {}
-        for site in self.sites:
-            for alloc in site.allocations:
-                key = (site.name, alloc.name)
-                entry = reconcile(site.name, alloc, pilots[site.name],
-                                  self.readings.get(key), now, self.read_errors.get(key, ""))
-                self._log_difference(entry)
-                entries[key] = entry
+        for entry in entries.values():
+            self._log_difference(entry)
         self.entries = entries
         return tuple(e.books() for e in entries.values())
 
@@ -316,20 +335,30 @@ class Books:
                         for s in self.sites for a in s.allocations}
         return tuple(e.books() for e in self.entries.values())
 
-    def _pilots(self, journal: Journal, site: SiteBase, jobs: Iterable[SiteJob] | None,
-                now: float) -> list[PilotRecord]:
-        since = min(min(a.period_bounds(now)[0] for a in site.allocations),
-                    now - BURN_WINDOW_S)
-        return merged(journal.pilots(since=since, site=site.name), site.name, jobs)
+    @staticmethod
+    def _charge(journal: Journal, site: str, alloc: AllocationConfig,
+                extra: Sequence[PilotRecord], now: float) -> Charge:
+        """The ledger's charge of `alloc`: the journal's records (summed by SQLite) and
+        what this cycle's `squeue` adds to them (`extra`)."""
+        mine = of_allocation(extra, site, alloc)
+        return lambda t0, t1: (
+            journal.charged(site, alloc.account, alloc.name, alloc.unit, t0, t1, now)
+            + charged(mine, alloc.unit, t0, t1, now))
 
-    def _group_spend(self, journal: Journal, pilots: Mapping[str, list[PilotRecord]],
-                     now: float) -> None:
+    def _group_spend(self, journal: Journal, now: float) -> None:
+        """The groups' spend this period, from the journal's job runs (at most every
+        GROUPS_EVERY_S)."""
         if now - self.groups_at < GROUPS_EVERY_S:
             return
-        since = min(a.period_bounds(now)[0] for s in self.sites for a in s.allocations)
-        runs = journal.job_runs(since=since)
-        self.groups = group_spend(self.sites, [p for ps in pilots.values() for p in ps],
-                                  runs, now)
+        out = []
+        for site in self.sites:
+            for alloc in site.allocations:
+                start, end = alloc.period_bounds(now)
+                claims = journal.group_claims(site.name, alloc.account, alloc.name,
+                                              alloc.unit, start, min(end, now))
+                out += [GroupSpend(group or NO_GROUP, site.name, alloc.name, alloc.unit, v)
+                        for group, v in sorted(claims.items())]
+        self.groups = out
         self.groups_at = now
 
     def _log_difference(self, entry: BookEntry) -> None:

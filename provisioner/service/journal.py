@@ -50,10 +50,25 @@ CREATE TABLE IF NOT EXISTS job_runs (
     pilot_job_id TEXT, cores INTEGER, end_at REAL, wall_s REAL, cpu_s REAL,
     gpus INTEGER, acct_group TEXT, PRIMARY KEY (job_id, start_at));
 CREATE INDEX IF NOT EXISTS job_runs_pilot ON job_runs (site, pilot_job_id);
+CREATE INDEX IF NOT EXISTS job_runs_end ON job_runs (end_at);
 CREATE TABLE IF NOT EXISTS slurm_readings (
     site TEXT NOT NULL, allocation TEXT NOT NULL, at REAL NOT NULL, account TEXT,
     used REAL, grant_units REAL, PRIMARY KEY (site, allocation, at));
 """
+
+#: Per allocation unit, a pilot's rate in SQL over `pilots p` (as
+#: provisioner.decide.budget.pilot_rate) and the share of it a job run `r` claims (as
+#: provisioner.service.spend.run_units): the books' sums, done by SQLite.
+RATE_SQL = {"core-hours": "COALESCE(p.cores, 0)", "node-hours": "1.0",
+            "gpu-hours": "COALESCE(p.gpus, 0)"}
+SHARE_SQL = {"core-hours": "MIN(r.cores, COALESCE(p.cores, 0))",
+             "node-hours": "CASE WHEN p.cores > 0 THEN MIN(1.0, r.cores * 1.0 / p.cores) "
+                           "ELSE 0.0 END",
+             "gpu-hours": "MIN(COALESCE(r.gpus, 0), COALESCE(p.gpus, 0))"}
+#: The pilots of one allocation: those charged to its account (a row naming no account:
+#: recorded under its name).
+_OF_ALLOCATION = ("p.site = ? AND (p.account = ? OR (COALESCE(p.account, '') = '' "
+                  "AND p.allocation = ?))")
 
 #: Columns later schema versions added to a table (older rows read them as NULL).
 ADDED_COLUMNS = (("pilots", "end_reason", "TEXT"), ("pilots", "gpus", "INTEGER"),
@@ -372,6 +387,33 @@ class Journal:
         return [JobRun(r[0], r[1] or "", r[2] or "", r[3] or "", int(r[4] or 0), float(r[5]),
                        float(r[6]), float(r[7] or 0.0), int(r[8] or 0), r[9] or "")
                 for r in self.db.execute(sql, args)]
+
+    # --- the allocations' books (provisioner.service.books) --------------------
+    def charged(self, site: str, account: str, allocation: str, unit: str, t0: float,
+                t1: float, now: float) -> float:
+        """Unit-hours the allocation's recorded pilots held within [t0, t1): each from
+        its start to its end (or `now` while it runs) at its rate
+        (provisioner.service.spend.charged, summed here by SQLite)."""
+        end = "MIN(COALESCE(p.end_at, MAX(?, p.start_at)), ?)"
+        sql = (f"SELECT SUM({RATE_SQL[unit]} * ({end} - MAX(p.start_at, ?))) FROM pilots p "
+               f"WHERE {_OF_ALLOCATION} AND p.start_at IS NOT NULL AND p.start_at < ? "
+               f"AND {end} > MAX(p.start_at, ?)")
+        row = self.db.execute(sql, (now, t1, t0, site, account, allocation, t1, now, t1,
+                                    t0)).fetchone()
+        return float(row[0] or 0.0) / 3600.0
+
+    def group_claims(self, site: str, account: str, allocation: str, unit: str, t0: float,
+                     t1: float) -> dict[str, float]:
+        """Accounting group ("" = none) -> unit-hours its finished runs claimed of the
+        allocation's recorded pilots within [t0, t1) (provisioner.service.spend.run_units,
+        summed here by SQLite)."""
+        sql = (f"SELECT COALESCE(r.acct_group, ''), SUM({SHARE_SQL[unit]} * "
+               "(MIN(r.end_at, ?) - MAX(r.start_at, ?))) FROM pilots p JOIN job_runs r "
+               f"ON r.site = p.site AND r.pilot_job_id = p.job_id WHERE {_OF_ALLOCATION} "
+               "AND r.end_at > ? AND r.start_at < ? AND MIN(r.end_at, ?) > MAX(r.start_at, ?) "
+               "GROUP BY 1")
+        rows = self.db.execute(sql, (t1, t0, site, account, allocation, t0, t1, t1, t0))
+        return {str(g): float(v or 0.0) / 3600.0 for g, v in rows if v}
 
     # --- SLURM's charge of the allocations (provisioner.service.books) ---------
     def add_reading(self, reading: Reading) -> None:

@@ -163,7 +163,7 @@ class Provisioner:
                                 thread_name_prefix="site-read") as reader:
             # Each site's squeue (a command over SSH) while the pool is read here.
             reads = {name: reader.submit(_list_pilots, self.backends[name]) for name in due}
-            self.books.start(now, reader)  # SLURM's charge, at most once a minute
+            self.books.start(now, reader, reads)  # SLURM's charge, at most once a minute
             read = self._read_pool(since)
             return self._observed(now, read, reads)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from provisioner.config import UNIT_SHORT, Config, utc_date
 from provisioner.service.accounting import JobRun, PilotRecord
-from provisioner.service.books import BookEntry, reconcile
+from provisioner.service.books import BookEntry, pilots_charge, reconcile
 from provisioner.service.journal import Journal, Reading
 from provisioner.service.spend import (
     BURN_WINDOW_S,
@@ -79,7 +79,8 @@ def allocation_lines(config: Config, journal: Journal, now: float,
             start, end = a.period_bounds(now)
             readings = tuple(r for r in journal.readings(site=s.name, allocation=a.name,
                                                          since=start) if r.at < end)
-            entry = reconcile(s.name, a, records, readings[-1] if readings else None, now)
+            entry = reconcile(s.name, a, pilots_charge(records, s.name, a, now),
+                              readings[-1] if readings else None, now)
             mine = tuple(of_allocation(records, s.name, a))
             out.append(AllocationLine(entry, committed(mine, a.unit, s.pilot.walltime_s, now),
                                       a.pace, mine, readings))

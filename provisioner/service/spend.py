@@ -60,13 +60,6 @@ def of_allocation(pilots: Iterable[PilotRecord], site: str,
         p.account == alloc.account if p.account else p.allocation == alloc.name)]
 
 
-def burn_rate(pilots: Iterable[PilotRecord], unit: str, now: float,
-              window_s: float = BURN_WINDOW_S) -> float:
-    """Unit-hours per hour over the last `window_s` (for core-hours: the cores held on
-    average)."""
-    return charged(pilots, unit, now - window_s, now, now) / (window_s / HOUR_S)
-
-
 def runout(amount: float, spent: float, rate_per_h: float, now: float) -> float | None:
     """When what is left of `amount` is gone at `rate_per_h` (epoch s): `now` if it is
     gone already, None if nothing is spent (it never runs out at that rate)."""
@@ -137,15 +130,18 @@ def group_spend(sites: Sequence[SiteBase], pilots: Iterable[PilotRecord],
     sorted."""
     by_key = {p.key: p for p in pilots}
     allocs: dict[tuple[str, str], tuple[str, AllocationConfig]] = {}
+    names: dict[tuple[str, str], tuple[str, AllocationConfig]] = {}
     for site in sites:
         for alloc in site.allocations:
             allocs[(site.name, alloc.account)] = (site.name, alloc)
+            names[(site.name, alloc.name)] = (site.name, alloc)
     out: dict[tuple[str, str, str], float] = {}
     for run in runs:
         pilot = by_key.get(run.pilot_key)
         if pilot is None:
             continue
-        found = allocs.get((pilot.site, pilot.account))
+        found = allocs.get((pilot.site, pilot.account)) if pilot.account \
+            else names.get((pilot.site, pilot.allocation))  # as of_allocation
         if found is None:
             continue
         site_name, alloc = found

@@ -9,6 +9,8 @@ import datetime as dt
 import logging
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from provisioner.config import AllocationConfig, Config, parse_config
 from provisioner.decide.budget import BudgetStatus, budgets
@@ -19,14 +21,15 @@ from provisioner.service.books import (
     AGREE_SHARE,
     READING_KEEP_S,
     SLURM_READ_EVERY_S,
+    BookEntry,
     Books,
     allocation_rows,
+    pilots_charge,
     reconcile,
 )
 from provisioner.service.journal import Journal, Reading, SeenPilot
 from provisioner.service.spend import (
     NO_GROUP,
-    burn_rate,
     charged,
     group_spend,
     group_totals,
@@ -56,6 +59,11 @@ def rec(job_id: str, start: float | None, end: float | None, cores: int = 4,
                        gpus=gpus, account=account)
 
 
+def books_at(a: AllocationConfig, pilots: list[PilotRecord], reading: Reading | None,
+             now: float) -> BookEntry:
+    return reconcile("gsi", a, pilots_charge(pilots, "gsi", a, now), reading, now)
+
+
 def test_a_pilot_costs_its_rate_for_the_time_slurm_holds_it() -> None:
     t = utc(2026, 12, 10)
     pilots = [rec("1", t, t + 2 * HOUR, cores=8, gpus=2), rec("2", None, None),
@@ -64,7 +72,6 @@ def test_a_pilot_costs_its_rate_for_the_time_slurm_holds_it() -> None:
     assert charged(pilots, "core-hours", t, now, now) == pytest.approx(16 + 8)
     assert charged(pilots, "node-hours", t, now, now) == pytest.approx(2 + 2)
     assert charged(pilots, "gpu-hours", t, now, now) == pytest.approx(4)
-    assert burn_rate(pilots, "core-hours", now) == pytest.approx(24 / 24)
     assert runout(100.0, 40.0, 6.0, now) == now + 10 * HOUR
     assert runout(100.0, 40.0, 0.0, now) is None and runout(10.0, 12.0, 1.0, now) == now
 
@@ -81,8 +88,8 @@ def test_a_pilot_crossing_a_period_boundary_is_split_between_the_periods(
     crossing = rec("1", boundary - 2 * HOUR, boundary + 3 * HOUR)  # 4 cores: 8 + 12
     inside_before = rec("2", boundary - 5 * HOUR, boundary - 4 * HOUR)  # 4 core-h
     pilots = [crossing, inside_before]
-    before = reconcile("gsi", a, pilots, None, boundary - 1)
-    after = reconcile("gsi", a, pilots, None, boundary + 10 * HOUR)
+    before = books_at(a, pilots, None, boundary - 1)
+    after = books_at(a, pilots, None, boundary + 10 * HOUR)
     if isinstance(period, str) or boundary == utc(2026, 12, 1):
         assert before.ledger_spent == pytest.approx(8 + 4, abs=0.01)
     if isinstance(period, str):
@@ -114,30 +121,30 @@ def test_slurm_wins_and_the_ledger_counts_since_its_reading() -> None:
     pilots = [rec("1", t, None, cores=10)]  # 10 core-h per hour, still running
     now = t + 5 * HOUR
     # SLURM charged 100 more than the ledger by its reading at t + 2 h (outside jobs)
-    e = reconcile("gsi", a, pilots, reading(t + 2 * HOUR, 120.0), now)
+    e = books_at(a, pilots, reading(t + 2 * HOUR, 120.0), now)
     assert e.ledger_spent == pytest.approx(50)
     assert e.difference == pytest.approx(100)
     assert e.spent == pytest.approx(120 + 30)  # the reading + the ledger since
     assert e.differs and e.slurm_spent == 120 and e.slurm_grant == 1000
     # SLURM below the ledger by what its usage passes may trail: the ledger counts
-    lag = reconcile("gsi", a, pilots, reading(t + 2 * HOUR, 19.0), now)
+    lag = books_at(a, pilots, reading(t + 2 * HOUR, 19.0), now)
     assert not lag.differs and lag.spent == pytest.approx(50)
     # far below the ledger (the journal charged a pilot SLURM never ran): SLURM wins
-    low = reconcile("gsi", a, [*pilots, rec("2", t - HOUR, t + HOUR, cores=20)],
+    low = books_at(a, [*pilots, rec("2", t - HOUR, t + HOUR, cores=20)],
                     reading(t + 2 * HOUR, 20.0), now)
     assert low.differs and low.spent == pytest.approx(20 + 30)
     # a reading of an earlier period does not count in this one
-    old = reconcile("gsi", a, pilots, reading(utc(2026, 11, 30), 900.0), now)
+    old = books_at(a, pilots, reading(utc(2026, 11, 30), 900.0), now)
     assert old.spent == pytest.approx(50) and old.slurm_spent is None
 
 
 def test_the_tolerance_is_a_share_of_the_amount_plus_slurms_lag() -> None:
     a = alloc(amount=500)
     t = utc(2026, 12, 10)
-    idle = reconcile("gsi", a, [], reading(t, 4.0), t + 60)
+    idle = books_at(a, [], reading(t, 4.0), t + 60)
     assert idle.tolerance == pytest.approx(AGREE_SHARE * 500)
     assert not idle.differs
-    assert reconcile("gsi", a, [], reading(t, 6.0), t + 60).differs
+    assert books_at(a, [], reading(t, 6.0), t + 60).differs
 
 
 CONFIG = """
@@ -323,3 +330,82 @@ def test_groups_spend_what_their_jobs_claimed_of_the_allocations_pilots() -> Non
     assert group_totals(spends) == {("group_a", "core-hours"): pytest.approx(2),
                                     ("group_b", "node-hours"): pytest.approx(1),
                                     (NO_GROUP, "core-hours"): pytest.approx(3)}
+
+
+def test_the_charge_is_read_after_the_sites_squeue_never_beside_it() -> None:
+    """A backend takes one call at a time: the charge read waits for the same site's
+    `squeue` read of the cycle, in another thread."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    _config, journal, backend, books = setup()
+    backend.charges = {"acct-a": charge("acct-a", 4.0)}
+    listing = threading.Event()
+    order: list[str] = []
+
+    def list_pilots() -> list[SiteJob]:
+        listing.wait(5)
+        order.append("squeue")
+        return []
+
+    real = backend.account_charges
+
+    def account_charges(accounts: list[str]) -> dict[str, AccountCharge]:
+        order.append("charges")
+        return real(accounts)
+
+    backend.account_charges = account_charges  # type: ignore[method-assign]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        squeue = pool.submit(list_pilots)
+        books.start(T0 + HOUR, pool, {"gsi": squeue})
+        listing.set()
+        got = books.observe(T0 + HOUR, journal, {})
+    assert order == ["squeue", "charges"] and got[0].spent == pytest.approx(4)
+
+
+pilot_records = st.lists(st.tuples(
+    st.integers(0, 40), st.one_of(st.none(), st.integers(-30, 30)), st.integers(0, 30),
+    st.booleans(), st.integers(1, 16), st.integers(0, 4),
+    st.sampled_from(["acct-a", "acct-b", ""])), max_size=8)
+
+
+@settings(max_examples=150, deadline=None)
+@given(rows=pilot_records, unit=st.sampled_from(["core-hours", "node-hours", "gpu-hours"]),
+       window=st.tuples(st.integers(-40, 40), st.integers(0, 40)),
+       runs=st.lists(st.tuples(st.integers(0, 40), st.integers(-30, 30), st.integers(1, 20),
+                               st.integers(1, 16), st.integers(0, 4),
+                               st.sampled_from(["group_a", "group_b", ""])), max_size=6))
+def test_the_journals_sums_are_the_ledgers(rows: list[tuple[int, int | None, int, bool, int,
+                                                             int, str]],
+                                           unit: str, window: tuple[int, int],
+                                           runs: list[tuple[int, int, int, int, int, str]]
+                                           ) -> None:
+    """SQLite's sums over the journal (what the service reads every cycle) equal the
+    pure ledger's over the same records (what the report and the tests use)."""
+    now = T0
+    journal = Journal("")
+    records = []
+    for i, (_k, start, length, ended, cores, gpus, account) in enumerate(rows):
+        begin = None if start is None else T0 + start * HOUR
+        end = None if begin is None or not ended else min(begin + length * HOUR, now)
+        records.append(PilotRecord("gsi", str(i), cores, T0 - 40 * HOUR, begin, end, 8000,
+                                   gpus=gpus, account=account,
+                                   allocation="a" if account == "" and i % 2 else ""))
+    journal.add_pilot_records(records, "test")
+    t0 = T0 + window[0] * HOUR
+    t1 = t0 + window[1] * HOUR
+    want = charged([p for p in records if p.account == "acct-a"
+                    or (not p.account and p.allocation == "a")], unit, t0, t1, now)
+    got = journal.charged("gsi", "acct-a", "a", unit, t0, t1, now)
+    assert got == pytest.approx(want, abs=1e-6)
+    job_runs = [JobRun(f"{j}.0", "u", "gsi", str(p % max(1, len(records))), cores,
+                       T0 + s * HOUR, T0 + (s + d) * HOUR, gpus=g, group=group)
+                for j, (p, s, d, cores, g, group) in enumerate(runs)]
+    journal.add_job_runs(job_runs)
+    sites = parse_config(CONFIG, "t.yaml").sites
+    config_alloc = sites[0].allocation("a").model_copy(update={"unit": unit})
+    site = sites[0].model_copy(update={"allocations": (config_alloc,)})
+    spends = group_spend([site], records, job_runs, now, window=(t0, t1))
+    claims = journal.group_claims("gsi", "acct-a", "a", unit, t0, min(t1, now))
+    assert {g or NO_GROUP: v for g, v in claims.items()} == pytest.approx(
+        {(s.group): s.spent for s in spends if s.spent > 1e-12})
