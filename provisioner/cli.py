@@ -85,17 +85,21 @@ def cmd_status(config: Config, as_json: bool) -> int:
     from dataclasses import replace
 
     from provisioner.decide.stuck import StuckGroups
+    from provisioner.service.books import allocation_rows, stopped_read
     from provisioner.service.journal import Journal
     from provisioner.service.journal_health import fault_path, kind_of, read_fault
     from provisioner.service.loop import Provisioner, breakers_of
     from provisioner.service.status import gather, render
 
+    unopened = False
     try:
         journal = Journal.open_existing(config.journal)
         fault = read_fault(fault_path(config.pool.provisioner_id))
     except (sqlite3.Error, OSError) as exc:
         journal, fault = None, {"kind": kind_of(exc), "error": f"cannot be opened: {exc}"}
+        unopened = True
     prov = Provisioner(config, journal=journal or Journal(""))
+    prov.journal_health.unopened = unopened  # the allocations' books are then unknown
     now = time.time()
     snap = prov.observe(now).snapshot
     j = prov.journal
@@ -107,13 +111,16 @@ def cmd_status(config: Config, as_json: bool) -> int:
     st = gather(config, snap, now, breakers_of(j), j.get("flagged", {}) or {},
                 j.pilots(since=now - 86400.0), j.get("last_cycle"), learnt.get("estimates"),
                 limits=j.get("limits") or {}, journal_fault=fault,
-                tokens=j.get("pilot_tokens"))
+                tokens=j.get("pilot_tokens"),
+                allocations=allocation_rows(config, snap, prov.books.entries, now,
+                                            stopped_read(j.get("stopped_allocations"))))
     print(json.dumps(st, indent=2, sort_keys=True) if as_json
           else render(st, tty=sys.stdout.isatty()))
     return 0
 
 
-def cmd_report(journal: str, since: str | None, site: str | None, out: str | None) -> int:
+def cmd_report(journal: str, since: str | None, site: str | None, out: str | None,
+               config: Config | None = None) -> int:
     from pathlib import Path
 
     from provisioner.service.report import ReportError, parse_since, report
@@ -122,7 +129,8 @@ def cmd_report(journal: str, since: str | None, site: str | None, out: str | Non
         start = parse_since(since) if since else None
     except ReportError as exc:
         _fail([str(exc)])
-    text, written = report(journal, time.time(), start, site, Path(out) if out else None)
+    text, written = report(journal, time.time(), start, site, Path(out) if out else None,
+                           config)
     print(text)
     for path in written:
         print(f"wrote {path}")
@@ -169,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                             "demand, unmatchable jobs, last cycle")
     status.add_argument("--json", action="store_true", help="machine-readable, stable keys")
     rep = sub.add_parser("report", help="allocated/claimed core-hours and efficiency per "
-                         "site and day, from the journal")
+                         "site and day, and the allocations this period, from the journal")
     rep.add_argument("--since", help="first day (YYYY-MM-DD, UTC) or ISO 8601 time")
     rep.add_argument("--site", help="only this site")
     rep.add_argument("--out", help="directory for report.csv and the PNG plots")
@@ -227,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "xcache-url":
         return cmd_xcache_url(config, args.site, args.urls)
     if args.command == "report":
-        return cmd_report(config.journal, args.since, args.site, args.out)
+        return cmd_report(config.journal, args.since, args.site, args.out, config)
     if args.command == "check-config":
         print(f"{args.config}: ok ({len(config.sites)} site(s): {', '.join(config.site_names)})")
         if args.live:

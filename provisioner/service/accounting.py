@@ -49,6 +49,8 @@ class PilotRecord:
     end_source: str | None = None  # "record" (the pilot's end record), "squeue", ...
     end_reason: str | None = None  # why it ended, from its end record
     gpus: int = 0  # GPUs SLURM gave it (asked for, while pending)
+    account: str = ""  # the SLURM account charged (squeue's); "" = not known
+    allocation: str = ""  # the allocation of that account when recorded; "" = none
 
     @property
     def key(self) -> str:

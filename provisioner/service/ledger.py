@@ -48,8 +48,11 @@ class EndRecords(Protocol):
 
 class Ledger:
     def __init__(self, journal: Journal, metrics: Metrics, pool: History,
-                 sites: Mapping[str, EndRecords] | None = None) -> None:
+                 sites: Mapping[str, EndRecords] | None = None,
+                 allocations: Mapping[tuple[str, str], str] | None = None) -> None:
         self.journal = journal
+        #: (site, SLURM account) -> the allocation's name, kept in each pilot's record
+        self.allocations = dict(allocations or {})
         self.metrics = metrics
         self.pool = pool
         self.sites = dict(sites or {})  # where pilots' end records are read
@@ -83,7 +86,8 @@ class Ledger:
         try:
             for site, site_jobs in jobs.items():
                 seen = [SeenPilot(j.job_id, j.cpus, j.memory_mb, j.submitted_at,
-                                  j.started_at, f"{site}/{j.job_id}" in joined, j.gpus)
+                                  j.started_at, f"{site}/{j.job_id}" in joined, j.gpus,
+                                  j.account, self.allocations.get((site, j.account), ""))
                         for j in site_jobs]
                 got = self.journal.record_pilots(site, seen, now)
                 events.started += got.started

@@ -52,6 +52,13 @@ from provisioner.pool.prototype import SiteMatcher
 from provisioner.pool.submit_events import Wakeup
 from provisioner.security.tokens import PilotToken, TokenError
 from provisioner.service.actions import HANDLERS, Fresh, cancel_lingering
+from provisioner.service.books import (
+    Books,
+    account_names,
+    allocation_rows,
+    stopped_of,
+    stopped_record,
+)
 from provisioner.service.cycle import CycleResult, Observation
 from provisioner.service.cycle_text import action_target, breakers_of, describe, summary_line
 from provisioner.service.journal import Journal
@@ -101,7 +108,9 @@ class Provisioner:
         self.disagreements = Disagreements()  # SLURM vs collector, each logged once
         # A site that keeps failing is asked again after a growing delay.
         self.backoff = SiteBackoff(base_s=min(config.policy.interval_s, 60.0), max_s=600.0)
-        self.ledger = Ledger(self.journal, self.metrics, self.pool, self.backends)
+        self.ledger = Ledger(self.journal, self.metrics, self.pool, self.backends,
+                             account_names(config))
+        self.books = Books(config, self.backends)  # what each allocation spent
         self.wakeup = Wakeup()  # an early quick check, asked for by the event log follower
         # why each shape waits, advertised for `provisioner why` (not by a fake pool)
         self.publisher = Publisher(config, getattr(self.pool, "htcondor", None), self.metrics)
@@ -149,10 +158,12 @@ class Provisioner:
         Only what is seen now: the controller's memory goes beside it."""
         now = self.clock() if now is None else now
         due = [site.name for site in self.config.sites if self.backoff.due(site.name, now)]
-        with ThreadPoolExecutor(max_workers=max(1, len(due)),
+        charged = [s.name for s in self.config.sites if s.allocations]
+        with ThreadPoolExecutor(max_workers=max(1, len(due) + len(charged)),
                                 thread_name_prefix="site-read") as reader:
             # Each site's squeue (a command over SSH) while the pool is read here.
             reads = {name: reader.submit(_list_pilots, self.backends[name]) for name in due}
+            self.books.start(now, reader, reads)  # SLURM's charge, at most once a minute
             read = self._read_pool(since)
             return self._observed(now, read, reads)
 
@@ -216,7 +227,8 @@ class Provisioner:
         snapshot = Snapshot(
             demand=demand, pilots=tuple(pilots), sites=tuple(views), pool_known=pool_known,
             schedds_unknown=lacking, recent_arrivals=arrivals, last_arrival_at=newest,
-            failing=failing)
+            failing=failing, books=self.books.observe(now, self.journal, jobs,
+                                                      not self.journal_health.unopened))
         if pool_known:
             for line in self.disagreements.report(snapshot.pilots, ads, jobs, now, self._margin,
                                                   running_on):
@@ -388,6 +400,9 @@ class Provisioner:
             schedds_unknown=len(obs.snapshot.schedds_unknown),
             limits=limit_codes(self.controller.limits, self.controller.held_now(obs.snapshot),
                                self.config.site_names, self.clock()))
+        self.metrics.allocations(allocation_rows(
+            self.config, obs.snapshot, self.books.entries, now,
+            stopped_of(self.controller)), self.books.groups)
 
     def _record(self, cycle: CycleResult, result: Plan, line: str, now: float,
                 reason: str) -> None:
@@ -395,6 +410,9 @@ class Provisioner:
         obs = cycle.observation
         self.ledger.explain_unmatchable(obs.snapshot.pool_known, result.unmatchable)
         self.ledger.account(obs.jobs, frozenset(obs.ads), obs.snapshot.pool_known, now)
+        self.books.record(self.journal)
+        if self.books.sites:  # for `provisioner status`, another process
+            self.journal.put("stopped_allocations", stopped_record(stopped_of(self.controller)))
         cid = self.journal.cycle(reason, line, cycle.timings)
         for text, outcome in cycle.outcomes:
             kind = text.split(" ", 1)[0]

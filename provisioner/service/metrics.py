@@ -9,6 +9,7 @@ what the journal learnt from `squeue`, and `count()` for actions.
 
 from __future__ import annotations
 
+import math
 from collections import Counter as Tally
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -18,11 +19,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from provisioner.config import MetricsConfig, SiteBase
 from provisioner.decide.breaker import BreakerState
+from provisioner.decide.budget import BudgetStatus
 from provisioner.decide.limits import SiteLimits
 from provisioner.decide.matching import item_of, site_rejects
 from provisioner.decide.reasons import Reason
 from provisioner.model import Demand, Pilot, PilotState, Unmatchable
 from provisioner.service.accounting import HOUR_S, JobRun, PilotRecord
+from provisioner.service.books import AllocationRow
+from provisioner.service.spend import GroupSpend, group_totals
 
 P = "provisioner_"
 
@@ -100,6 +104,31 @@ SERIES: dict[str, tuple[str, tuple[str, ...], str]] = {
     P + "collector_refusals_total": ("counter", ("kind",), "What the collector refused, from "
                                      "its log: ad (not the sender's own), revoked or "
                                      "expired (a token)"),
+    **{P + f"allocation_{name}": ("gauge", ("site", "allocation", "unit"), text)
+       for name, text in (
+           ("amount", "An allocation's grant this period (unit-hours of `unit`)"),
+           ("spent", "What the allocation spent this period as the books count it: SLURM's "
+            "last reading plus the ledger since, or the ledger alone"),
+           ("ledger_spent", "What the allocation's pilots held this period by the "
+            "provisioner's own ledger"),
+           ("committed", "The worst case still to come of the allocation's pilots in "
+            "flight (pending: their walltime; running: the rest of it)"),
+           ("left", "amount - spent - committed"),
+           ("burn_rate", "Unit-hours spent per hour over the last day (for core-hours: the "
+            "cores held on average)"),
+           ("runout_timestamp_seconds", "When what is left runs out at the burn rate "
+            "(+Inf: nothing spent lately)"),
+           ("paced", "1 if even pace holds the allocation back now"),
+           ("known", "1 if the books are known (0: the journal unreadable, no new pilot)"),
+           ("slurm_spent", "SLURM's last reading of the account's charge this period "
+            "(NaN: none)"),
+           ("slurm_grant", "SLURM's grant of the account (GrpTRESMins; NaN: none, or not "
+            "read)"),
+           ("difference", "SLURM's reading minus the ledger's charge by the reading's "
+            "time (NaN: no reading this period)"))},
+    P + "group_spent": ("gauge", ("group", "unit"), "Unit-hours an accounting group's "
+                        "finished jobs claimed of the allocations' pilots this period "
+                        "(group \"-\": jobs of no group)"),
 }
 
 PHASE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -216,6 +245,7 @@ class Metrics:
                 self._m[name] = Histogram(name, text, labels, buckets=buckets,
                                           registry=self.registry)
         self.server: object | None = None
+        self._groups: set[tuple[str, str]] = set()  # (group, unit) exported so far
 
     def _metric(self, name: str, **labels: str) -> Any:
         m = self._m[P + name]
@@ -266,6 +296,31 @@ class Metrics:
             self._metric("claimed_cores", site=site).set(cores[site].claimed)
             self._metric("allocated_gpus", site=site).set(cores[site].allocated_gpus)
             self._metric("claimed_gpus", site=site).set(cores[site].claimed_gpus)
+
+    def allocations(self, rows: Iterable[AllocationRow], groups: Iterable[GroupSpend]
+                    ) -> None:
+        """Every allocation's budget and books after a cycle, and the groups' spend."""
+        nan = math.nan
+        for row in rows:
+            b, e = row.budget, row.entry
+            labels = {"site": b.site, "allocation": b.name, "unit": b.unit}
+            runout = row.runout
+            for name, value in (
+                    ("amount", b.amount), ("spent", b.spent), ("ledger_spent", e.ledger_spent),
+                    ("committed", b.committed), ("left", b.left), ("burn_rate", e.burn_rate),
+                    ("runout_timestamp_seconds", math.inf if runout is None else runout),
+                    ("paced", 1 if b.status is BudgetStatus.PACED else 0),
+                    ("known", 1 if e.known else 0),
+                    ("slurm_spent", nan if e.slurm_spent is None else e.slurm_spent),
+                    ("slurm_grant", nan if e.slurm_grant is None else e.slurm_grant),
+                    ("difference", nan if e.difference is None else e.difference)):
+                self._metric(f"allocation_{name}", **labels).set(value)
+        totals = group_totals(groups)
+        for group, unit in self._groups - set(totals):  # a new period: none yet
+            self._metric("group_spent", group=group, unit=unit).set(0)
+        for (group, unit), spent in totals.items():
+            self._metric("group_spent", group=group, unit=unit).set(spent)
+        self._groups |= set(totals)
 
     def waiting(self, counts: Mapping[str, int]) -> None:
         """Idle jobs per reason code (`provisioner.decide.explain.Report.waiting`); every

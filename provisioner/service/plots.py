@@ -12,7 +12,10 @@ matplotlib.use("Agg")
 import matplotlib.dates as mdates
 import matplotlib.pyplot as plt
 
+from provisioner.config import UNIT_SHORT
 from provisioner.service.accounting import JobRun, PilotRecord, SiteDay, core_timeline, gpu_timeline
+from provisioner.service.report_allocations import AllocationLine
+from provisioner.service.spend import spent_series
 
 
 def plot_step(pilots: Sequence[PilotRecord], now: float, points: int = 400) -> float:
@@ -80,6 +83,40 @@ def plot_idle(rows: Sequence[SiteDay], path: Path) -> Path:
     ax.set_ylabel("idle core-hours")
     ax.set_title("Where the idle core-hours went")
     ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_burndown(line: AllocationLine, now: float, path: Path) -> Path:
+    """One allocation this period: spent over time by the ledger, SLURM's readings, the
+    ideal even line, the amount, and at `now` the books' spent with what is committed
+    on top of it."""
+    e = line.entry
+    unit = UNIT_SHORT[e.unit]
+    when = lambda t: datetime.fromtimestamp(t, UTC)  # noqa: E731
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    series = spent_series(line.pilots, e.unit, e.start, e.end, now)
+    ax.plot([when(t) for t, _v in series], [v for _t, v in series], color="tab:blue",
+            label="spent (ledger)")
+    if line.readings:
+        ax.plot([when(r.at) for r in line.readings], [r.used for r in line.readings], ".",
+                color="tab:purple", label="spent (SLURM's readings)")
+    ax.plot([when(e.start), when(e.end)], [0, e.amount], "--", color="tab:gray",
+            label="ideal even pace")
+    ax.axhline(e.amount, color="tab:red", label=f"amount {e.amount:g} {unit}")
+    if e.start <= now < e.end:
+        ax.vlines([when(now)], [e.spent], [e.spent + line.committed], linewidth=6,
+                  color="tab:orange", alpha=0.7, label="committed (in flight, worst case)")
+        ax.plot([when(now)], [e.spent], "o", color="tab:blue", label="spent (books, now)")
+    ax.set_title(f"{e.site}/{e.allocation} ({line.pace}): {max(0.0, line.left):.1f} of "
+                 f"{e.amount:g} {unit} left")
+    ax.set_ylabel(unit)
+    ax.set_xlabel("time (UTC)")
+    ax.set_xlim(when(e.start), when(e.end))
+    ax.legend(loc="best", fontsize=8)
+    ax.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d"))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

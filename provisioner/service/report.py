@@ -3,7 +3,9 @@
 Reads the journal's pilot records and job runs (never creates a journal), prints a
 table, writes report.csv and, when matplotlib is installed, the plots: allocated vs
 claimed cores over time per site, where the idle core-hours went and, where pilots
-held GPUs, allocated GPUs vs GPUs claimed by GPU jobs over time per site.
+held GPUs, allocated GPUs vs GPUs claimed by GPU jobs over time per site. With a
+configuration that has allocations, the allocations' and the groups' tables and files
+too (`provisioner.service.report_allocations`).
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
+from provisioner.config import Config
 from provisioner.service.accounting import JobRun, PilotRecord, SiteDay, site_days, totals
 from provisioner.service.journal import Journal
+from provisioner.service.report_allocations import allocations_report
 
 NOTHING = "nothing to report yet"
 COLUMNS = ["site", "day", "pilots", "allocated_core_h", "claimed_core_h", "idle_startup_core_h",
@@ -121,16 +125,28 @@ def compute(pilots: Sequence[PilotRecord], runs: Sequence[JobRun], now: float,
 
 
 def report(journal_path: str, now: float, since: float | None = None,
-           site: str | None = None, out: Path | None = None) -> tuple[str, list[Path]]:
-    """The printed text and the files written (none when there is nothing yet)."""
+           site: str | None = None, out: Path | None = None,
+           config: Config | None = None) -> tuple[str, list[Path]]:
+    """The printed text and the files written (none when there is nothing yet). With
+    `config`, its allocations this period (whatever `since` says) after the days."""
     journal = Journal.open_existing(journal_path)
     if journal is None:
         return NOTHING, []
+    budget_text, budget_files = allocations_report(config, journal, now, site, out) \
+        if config is not None else ("", [])
+    days_text, written = _days(journal, now, since, site, out)
+    text = "\n\n".join(t for t in (days_text, budget_text) if t) or NOTHING
+    return text, written + budget_files
+
+
+def _days(journal: Journal, now: float, since: float | None, site: str | None,
+          out: Path | None) -> tuple[str, list[Path]]:
+    """The site days' text ("" when there are none) and files."""
     pilots = journal.pilots(since=since, site=site)
     runs = journal.job_runs(since=since, site=site)
     rows = compute(pilots, runs, now, since, site)
     if not rows:
-        return NOTHING, []
+        return "", []
     ended = ends(pilots)  # the journal read them for `site` already
     written: list[Path] = []
     if out is not None:

@@ -18,7 +18,13 @@ whose last start failed: the starter's error, `provisioner.decide.failed_starts`
 ``journal`` {path, writable, kind, error, since} (what the running service says of its
 journal, `provisioner.service.journal_health`; not writable also when status cannot
 open it), ``pilot_tokens`` {live, revoked_total, problem, foreign [text], refused [text],
-collector_log} or null (the service's last cycle; docs/security.md).
+collector_log} or null (the service's last cycle; docs/security.md),
+``allocations`` [{site, allocation, account, unit, line, status, pace, amount, spent,
+committed, left, allowance, period_start, period_end, known, error, ledger_spent,
+slurm_spent, slurm_grant, reading_age_s, read_error, difference, tolerance, differs,
+burn_rate_per_h, runout_at}] (`provisioner.service.books.AllocationRow.as_dict`; empty
+without allocations), ``groups_in_use``. Demand and unmatchable rows carry the jobs'
+accounting ``group`` ("" = none, or groups not in use).
 """
 
 from __future__ import annotations
@@ -26,12 +32,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from provisioner.config import Config
+from provisioner.config import UNIT_SHORT, Config, utc_date
 from provisioner.decide.failed_starts import cause
 from provisioner.decide.matching import match_demand
 from provisioner.decide.reasons import unmatchable_reason
 from provisioner.model import Pilot, PilotState, Snapshot
 from provisioner.service.accounting import PilotRecord, percentile
+from provisioner.service.books import AllocationRow
 from provisioner.service.metrics import cores_by_site
 
 DAY_S = 86400.0
@@ -68,7 +75,8 @@ def gather(config: Config, snap: Snapshot, now: float, breakers: Mapping[str, st
            learnt: Mapping[str, Mapping[str, float]] | None = None,
            limits: Mapping[str, str] | None = None,
            journal_fault: Mapping[str, Any] | None = None,
-           tokens: Mapping[str, Any] | None = None) -> dict[str, Any]:
+           tokens: Mapping[str, Any] | None = None,
+           allocations: Sequence[AllocationRow] = ()) -> dict[str, Any]:
     cores = cores_by_site(snap.pilots, config.site_names)
     sites = []
     for view in snap.sites:
@@ -91,7 +99,8 @@ def gather(config: Config, snap: Snapshot, now: float, breakers: Mapping[str, st
             "flagged": sorted(p.key for p in mine if p.key in flagged)})
     rows, unmatchable = match_demand(snap.demand, config.sites) if snap.pool_known else ([], [])
     demand = sorted(({"cores": r.shape.cpus, "memory_mb": r.shape.memory_mb,
-                      "runtime_s": r.shape.runtime_s, "idle": r.jobs, "sites": list(r.sites)}
+                      "runtime_s": r.shape.runtime_s, "idle": r.jobs, "sites": list(r.sites),
+                      "group": r.shape.group}
                      for r in rows), key=lambda d: (-int(d["idle"]), d["cores"]))
     last_cycle = None
     if last:
@@ -107,7 +116,7 @@ def gather(config: Config, snap: Snapshot, now: float, breakers: Mapping[str, st
                  "schedds_unknown": list(snap.schedds_unknown)},
         "sites": sites, "demand": demand,
         "unmatchable": [{"cores": u.shape.cpus, "memory_mb": u.shape.memory_mb,
-                         "idle": u.idle, "reason": u.reason,
+                         "idle": u.idle, "reason": u.reason, "group": u.shape.group,
                          "code": unmatchable_reason(u.reason).value} for u in unmatchable],
         "failing_starts": [{"cores": g.shape.cpus, "memory_mb": g.shape.memory_mb,
                             "jobs": g.jobs, "failed_starts": g.failed_starts,
@@ -118,7 +127,9 @@ def gather(config: Config, snap: Snapshot, now: float, breakers: Mapping[str, st
                     "error": str((journal_fault or {}).get("error", "")),
                     "kind": str((journal_fault or {}).get("kind", "")),
                     "since": (journal_fault or {}).get("since")},
-        "pilot_tokens": dict(tokens) if tokens else None}
+        "pilot_tokens": dict(tokens) if tokens else None,
+        "groups_in_use": config.groups_in_use,
+        "allocations": [r.as_dict() for r in allocations]}
 
 
 def _table(rows: list[list[str]], header: list[str]) -> list[str]:
@@ -147,6 +158,37 @@ def tokens_text(t: Mapping[str, Any] | None, bold: Any, red: Any) -> list[str]:
         out += [red(f"    {r}") for r in t["refused"]]
     if t.get("collector_log") and t["collector_log"] != "off":
         out.append(f"  (collector log not readable, refusals unknown: {t['collector_log']})")
+    return out
+
+
+def allocations_text(allocs: Sequence[Mapping[str, Any]], red: Any) -> list[str]:
+    """Each allocation: its budget's line, then the books behind it."""
+    out = []
+    for a in allocs:
+        u = UNIT_SHORT.get(a["unit"], a["unit"])
+        bad = a["status"] in ("spent", "unknown", "stopped", "ended") or not a["known"]
+        out.append("  " + (red(a["line"]) if bad else a["line"]))
+        if not a["known"]:
+            out.append(red(f"    books unknown: {a['error']}"))
+            continue
+        age = a["reading_age_s"]
+        books = f"ledger alone {a['ledger_spent']:.4g}: SLURM not read this period" \
+            if a["slurm_spent"] is None else (f"SLURM {a['slurm_spent']:.4g}, read "
+                                              f"{_dur(age)} ago; ledger {a['ledger_spent']:.4g}")
+        grant = "" if a["slurm_grant"] is None else f"; SLURM's grant {a['slurm_grant']:.4g}"
+        runout = a["runout_at"]
+        when = "does not run out at this rate" if runout is None else \
+            f"runs out {utc_date(runout)}"
+        out.append(f"    spent {a['spent']:.4g} {u} ({books}){grant}; committed "
+                   f"{a['committed']:.4g}; burn {a['burn_rate_per_h']:.3g} {u}/h, {when}")
+        if a["differs"]:
+            out.append(red(f"    DIFFERENCE: SLURM charged {a['difference']:+.4g} {u} against "
+                           f"the ledger by the reading (beyond {a['tolerance']:.3g}); "
+                           "SLURM's figure counts"))
+        if a["read_error"]:
+            last = "no reading this period, the ledger counts" if age is None else \
+                f"the reading of {_dur(age)} ago and the ledger since count"
+            out.append(red(f"    {a['read_error']} ({last})"))
     return out
 
 
@@ -188,15 +230,21 @@ def render(st: Mapping[str, Any], tty: bool = False) -> str:
         out += _table(rows, ["state", "pilots", "oldest"]) if rows else ["  no pilots"]
         if s["flagged"]:
             out.append("  flagged (released next cycle if still idle): " + ", ".join(s["flagged"]))
+    if st.get("allocations"):
+        out.append(bold("\nAllocations (this period):"))
+        out += allocations_text(st["allocations"], red)
+    groups = bool(st.get("groups_in_use"))
     out.append(bold("\nIdle demand by job shape:"))
     rows = [[str(d["cores"]), str(d["memory_mb"]), str(d["runtime_s"] or "-"), str(d["idle"]),
-             ",".join(d["sites"])] for d in st["demand"]]
-    out += _table(rows, ["cores", "memory MB", "runtime s", "idle jobs", "fits sites"]) \
-        if rows else ["  no matchable idle jobs"]
+             ",".join(d["sites"])] + ([d.get("group") or "(none)"] if groups else [])
+            for d in st["demand"]]
+    out += _table(rows, ["cores", "memory MB", "runtime s", "idle jobs", "fits sites"]
+                  + (["group"] if groups else [])) if rows else ["  no matchable idle jobs"]
     if st["unmatchable"]:
         out.append(bold("\nUnmatchable (no pilot would run them; no pilot is started for them):"))
-        out += [red(f"  {u['idle']} job(s) {u['cores']} cores/{u['memory_mb']} MB: "
-                    f"{u['reason']}") for u in st["unmatchable"]]
+        out += [red(f"  {u['idle']} job(s) {u['cores']} cores/{u['memory_mb']} MB"
+                    + (f", group {u.get('group') or '(none)'}" if groups else "")
+                    + f": {u['reason']}") for u in st["unmatchable"]]
     if st.get("failing_starts"):
         out.append(bold("\nFailed to start (held by the pool after the third failed start, "
                         "then no pilot serves them):"))

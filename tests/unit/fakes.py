@@ -14,7 +14,7 @@ from provisioner.pilot.endrecord import EndRecord
 from provisioner.pool.classads import PilotAd
 from provisioner.pool.condor import PoolUnreachable, QueueView
 from provisioner.service.accounting import JobRun
-from provisioner.sites.base import SiteJob
+from provisioner.sites.base import AccountCharge, SiteJob
 
 
 def matches(constraint: str, attrs: Mapping[str, object]) -> bool:
@@ -86,6 +86,11 @@ class FakeBackend:
     records: dict[str, EndRecord] = field(default_factory=dict)
     records_error: Exception | None = None
     record_reads: list[list[str]] = field(default_factory=list)
+    #: SLURM's accounting of the accounts, by account; the next read's error; the
+    #: accounts each read asked for
+    charges: dict[str, AccountCharge] = field(default_factory=dict)
+    charges_error: Exception | None = None
+    charge_reads: list[list[str]] = field(default_factory=list)
 
     def _maybe_fail(self) -> None:
         if self.next_error is not None:
@@ -119,6 +124,12 @@ class FakeBackend:
         if self.records_error is not None:
             raise self.records_error
         return {j: self.records[j] for j in job_ids if j in self.records}
+
+    def account_charges(self, accounts: list[str]) -> dict[str, AccountCharge]:
+        self.charge_reads.append(list(accounts))
+        if self.charges_error is not None:
+            raise self.charges_error
+        return {a: self.charges[a] for a in accounts if a in self.charges}
 
 
 class Clock:

@@ -10,7 +10,13 @@ import pytest
 
 from provisioner.pilot.endrecord import EndRecord
 from provisioner.service.accounting import JobRun, PilotRecord
-from provisioner.service.journal import SCHEMA_VERSION, Journal, JournalError, SeenPilot
+from provisioner.service.journal import (
+    SCHEMA_VERSION,
+    Journal,
+    JournalError,
+    Reading,
+    SeenPilot,
+)
 
 OLD_SCHEMA = """
 CREATE TABLE cycles (id INTEGER PRIMARY KEY, at REAL, reason TEXT, summary TEXT,
@@ -108,7 +114,7 @@ def test_schema_3_journal_reads_with_no_gpus_and_takes_gpu_records(tmp_path: Pat
     with sqlite3.connect(path) as db:
         db.executescript(SCHEMA_3)
     j = Journal(str(path))
-    assert j.get("schema_version") == 4
+    assert j.get("schema_version") == SCHEMA_VERSION
     [old] = j.pilots()
     assert (old.cores, old.gpus, old.end_reason) == (4, 0, "released")
     assert [(r.job_id, r.cores, r.gpus) for r in j.job_runs()] == [("1.0", 2, 0)]
@@ -168,7 +174,7 @@ def test_schema_2_journal_is_upgraded_and_its_pilots_take_end_records(
     with sqlite3.connect(path) as db:
         db.executescript(SCHEMA_2)
     j = Journal(str(path))
-    assert j.get("schema_version") == SCHEMA_VERSION == 4
+    assert j.get("schema_version") == SCHEMA_VERSION == 5
     [ended, live] = j.pilots()
     assert (ended.end_at, ended.end_source, ended.end_reason) == (400.0, "squeue", None)
     assert live.end_at is None
@@ -229,3 +235,55 @@ def test_a_record_older_than_its_pilot_is_refused() -> None:
     assert got.updated == [] and set(got.refused) == {"7", "99"}
     assert "before the pilot was submitted" in got.refused["7"]
     assert j.pilots()[0].end_at == 1250.0 and j.pilots()[0].end_source == "squeue"
+
+
+SCHEMA_4 = """
+CREATE TABLE state (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE pilots (
+    site TEXT NOT NULL, job_id TEXT NOT NULL, cores INTEGER, memory_mb INTEGER,
+    submit_at REAL, start_at REAL, join_at REAL, end_at REAL, end_source TEXT,
+    end_reason TEXT, gpus INTEGER, PRIMARY KEY (site, job_id));
+CREATE TABLE job_runs (
+    job_id TEXT NOT NULL, start_at REAL NOT NULL, owner TEXT, site TEXT,
+    pilot_job_id TEXT, cores INTEGER, end_at REAL, wall_s REAL, cpu_s REAL,
+    gpus INTEGER, PRIMARY KEY (job_id, start_at));
+INSERT INTO state VALUES ('schema_version', '4');
+INSERT INTO pilots VALUES ('gsi', '7', 4, 8000, 100.0, 130.0, 200.0, 400.0, 'record',
+    'released', 0);
+INSERT INTO pilots VALUES ('gsi', '8', 4, 8000, 100.0, 130.0, NULL, NULL, NULL, NULL, 0);
+INSERT INTO job_runs VALUES ('1.0', 150.0, 'alice', 'gsi', '7', 2, 350.0, 200.0, 180.0, 0);
+"""
+
+
+def test_schema_4_journal_gains_accounts_groups_and_readings_in_place(
+        tmp_path: Path) -> None:
+    """Schema 4 -> 5: its rows read with no account, allocation or group; an open
+    pilot takes its account from the next `squeue`; new rows keep all three; SLURM's
+    readings are kept."""
+    path = tmp_path / "j.sqlite"
+    with sqlite3.connect(path) as db:
+        db.executescript(SCHEMA_4)
+    j = Journal(str(path))
+    assert j.get("schema_version") == SCHEMA_VERSION == 5
+    assert [(p.job_id, p.account, p.allocation) for p in j.pilots()] == [
+        ("7", "", ""), ("8", "", "")]
+    assert [r.group for r in j.job_runs()] == [""]
+    j.record_pilots("gsi", [SeenPilot("8", 4, 8000, 100.0, 130.0, True, account="alloc-a",
+                                      allocation="a"),
+                            SeenPilot("9", 2, 4000, 500.0, None, False, account="alloc-b",
+                                      allocation="b")], now=510.0)
+    j.add_job_runs([JobRun("2.0", "bob", "gsi", "8", 1, 515.0, 600.0, 80.0, group="group_a")])
+    reading = Reading("gsi", "a", "alloc-a", 520.0, 12.5, 100.0)
+    j.add_reading(reading)
+    j.add_reading(Reading("gsi", "a", "alloc-a", 580.0, 13.0, 100.0))
+    j.add_reading(Reading("gsi", "b", "alloc-b", 590.0, 1.0, None))
+    j.db.close()
+    again = Journal(str(path))
+    assert [(p.job_id, p.account, p.allocation) for p in again.pilots()] == [
+        ("7", "", ""), ("8", "alloc-a", "a"), ("9", "alloc-b", "b")]
+    assert sorted(r.group for r in again.job_runs()) == ["", "group_a"]
+    assert again.readings(site="gsi", allocation="a")[0] == reading
+    assert {k: r.used for k, r in again.last_readings().items()} == {
+        ("gsi", "a"): 13.0, ("gsi", "b"): 1.0}
+    assert again.last_readings()[("gsi", "b")].grant is None
+    assert [r.at for r in again.readings(since=585.0)] == [590.0]
