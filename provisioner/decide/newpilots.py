@@ -171,6 +171,8 @@ def _place(s: SiteRow, row: Row, n: int, budget: CycleRoom) -> None:
     if n <= 0 or not _may_take(s, row, budget.left):
         return
     got = budget.fill(new, row.item, min(n, row.left))
+    if s.shared is not None:  # the rows of one site's allocations share its room
+        s.shared.refresh()
     row.left -= got
     if row.reserve:
         s.new_reserve += got

@@ -39,6 +39,7 @@ from provisioner.decide.capacity import (
     mark_bound,
     site_rows,
 )
+from provisioner.decide.group_plan import plan_groups
 from provisioner.decide.matching import (
     ShapeMatches,
     demand_of,
@@ -112,6 +113,8 @@ def _plan(snapshot: Snapshot, memory: CycleMemory, config: Config, now: float) -
     """`plan`, with the collector paused."""
     if not snapshot.pool_known:
         return Plan(actions=())
+    if config.groups_in_use:  # sites with allocations: lanes (none of it runs otherwise)
+        return plan_groups(snapshot, memory, config, now)
     states = by_state(snapshot.pilots)  # several stages read only some states
     pending = states[PilotState.PENDING]
     leads = site_leads(snapshot, memory, config, now, pending)
