@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from provisioner.decide.controller import Controller
 from provisioner.errors import Misconfigured, Transient
-from provisioner.model import Submit
+from provisioner.model import Snapshot
 from provisioner.sites.slurm_refusals import classify_sbatch
 
 from .allocs import DEC10, alloc, budgeted, groups_config, gsnap, job
@@ -27,14 +27,14 @@ def two_allocations() -> Controller:
     return Controller(cfg)
 
 
-def demand(jobs: int = 6) -> object:
+def demand(jobs: int = 6) -> Snapshot:
     return gsnap([(job(16), jobs)], sites=("gsi", "frankfurt"),
                  spent={("gsi", "alloc-a"): 0.0, ("gsi", "alloc-x"): 0.0})
 
 
 def test_a_refused_account_stops_only_its_allocation() -> None:
     c = two_allocations()
-    first = c.cycle(demand(), NOW)  # type: ignore[arg-type]
+    first = c.cycle(demand(), NOW)
     x = next(s for s in first.submits if s.allocation == "alloc-x")
     error = classify_sbatch("gsi", ACCOUNT_TEXT)
     assert isinstance(error, Misconfigured)
@@ -45,7 +45,7 @@ def test_a_refused_account_stops_only_its_allocation() -> None:
     assert "gsi/alloc-x" in line and "other allocations go on" in line
     assert "gsi" not in c.limits.stopped  # not the site
     # the next cycles charge nothing to alloc-x; alloc-a (same site, same group) goes on
-    later = c.cycle(demand(), NOW + 60)  # type: ignore[arg-type]
+    later = c.cycle(demand(), NOW + 60)
     assert not [s for s in later.submits if s.allocation == "alloc-x"]
     assert [s for s in later.submits if s.site == "gsi" and s.allocation == "alloc-a"]
     budget = next(b for b in later.budgets if b.name == "alloc-x")
@@ -54,7 +54,7 @@ def test_a_refused_account_stops_only_its_allocation() -> None:
 
 def test_a_refused_partition_still_stops_the_site() -> None:
     c = two_allocations()
-    first = c.cycle(demand(), NOW)  # type: ignore[arg-type]
+    first = c.cycle(demand(), NOW)
     a = next(s for s in first.submits if s.allocation == "alloc-a")
     error = classify_sbatch("gsi", "sbatch: error: Batch job submission failed: Invalid "
                                    "partition name specified")
@@ -67,7 +67,7 @@ def test_a_replan_counts_the_pilots_just_sent_against_the_budget() -> None:
     cfg = c.config
     c.config = cfg.model_copy(update={"sites": (cfg.sites[0].model_copy(update={
         "allocations": (alloc("alloc-a", ["group_a"], amount=40),)}), cfg.sites[1])})
-    snapshot = replace(demand(12), books=gsnap(spent={("gsi", "alloc-a"): 0.0}).books)  # type: ignore[arg-type]
+    snapshot = replace(demand(12), books=gsnap(spent={("gsi", "alloc-a"): 0.0}).books)
     first = c.cycle(snapshot, NOW)
     [a] = [s for s in first.submits if s.allocation == "alloc-a"]
     assert a.count == 2  # 40 core-h: two 16-core pilots of 1 h

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from provisioner.config import Config
 from provisioner.decide.budget import budget_of
 from provisioner.decide.budget_why import paced_until
 from provisioner.decide.explain import SiteWords, explain, shape_key
@@ -21,7 +22,7 @@ from .helpers import site
 NOW = DEC10
 
 
-def cfg() -> object:
+def cfg() -> Config:
     return groups_config(
         budgeted(site("gsi", walltime_s=3600, max_submit=20, max_pending=20, max_pilots=40),
                  alloc("alloc-a", ["group_a"], amount=1000),
@@ -78,8 +79,8 @@ def test_the_report_names_a_groups_reason_and_its_own_pilots() -> None:
                     account="alloc-a")
     snapshot = gsnap([(job(4, "group_a"), 2), (job(4, "group_b"), 3), (job(2, "group_x"), 1)],
                      [pilot_a], spent=spent(0.0, 9 * 24 - 1))
-    p = plan(snapshot, CycleMemory(), config, NOW)  # type: ignore[arg-type]
-    report = explain(snapshot, p, config, NOW, SiteWords())  # type: ignore[arg-type]
+    p = plan(snapshot, CycleMemory(), config, NOW)
+    report = explain(snapshot, p, config, NOW, SiteWords())
     a = report.entry(shape_key(job(4, "group_a")))
     assert a is not None and a.why.reason is Reason.PILOT_READY
     b = report.entry(shape_key(job(4, "group_b")))
@@ -95,8 +96,8 @@ def test_the_report_names_a_groups_reason_and_its_own_pilots() -> None:
 def test_why_answers_a_job_from_its_group() -> None:
     config = cfg()
     snapshot = gsnap([(job(4, "group_a"), 2)], spent=spent(1000.0, 0.0))
-    p = plan(snapshot, CycleMemory(), config, NOW)  # type: ignore[arg-type]
-    report = from_ad(to_ad(explain(snapshot, p, config, NOW, SiteWords())))  # type: ignore[arg-type]
+    p = plan(snapshot, CycleMemory(), config, NOW)
+    report = from_ad(to_ad(explain(snapshot, p, config, NOW, SiteWords())))
     assert report is not None
     facts = JobFacts(cluster=12, proc=0, owner="alice", status=1, qdate=NOW - 600,
                      shape=dataclasses.replace(job(4, "group_a"), group=""),

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from provisioner.config import AllocationConfig, SiteConfig
 from provisioner.decide.budget import budgets
 from provisioner.decide.group_plan import GroupPlan
 from provisioner.decide.groups import LaneBudget
@@ -20,11 +21,10 @@ from .helpers import site
 NOW = DEC10
 
 
-def gsi(*allocations: object, cpus: int = 16, min_cpus: int = 1, walltime_s: int = 3600,
-        **kw: object) -> object:
+def gsi(*allocations: AllocationConfig, cpus: int = 16, min_cpus: int = 1,
+        walltime_s: int = 3600) -> SiteConfig:
     return budgeted(site("gsi", cpus=cpus, min_cpus=min_cpus, walltime_s=walltime_s,
-                         max_pilots=50, max_pending=50, max_submit=50, **kw),  # type: ignore[arg-type]
-                    *allocations)  # type: ignore[arg-type]
+                         max_pilots=50, max_pending=50, max_submit=50), *allocations)
 
 
 def submits(p: Plan) -> list[Submit]:
