@@ -67,11 +67,11 @@ def stop_of(lane: Lane, cpus: int, gpus: int) -> str:
     if lane.at_max_pilots():
         return "max_pilots"
     b, lb = lane.budget.budget, lane.budget
+    cost = lb.smallest_cost(cpus, gpus)
+    if lb.allowance > EPS and lb.room() + EPS >= cost:
+        return ""
     if b.status in CLOSED:
         return "closed"
-    cost = lb.smallest_cost(cpus, gpus)
-    if b.allowance > EPS and lb.room() + EPS >= cost:
-        return ""
     if b.pace == "even" and b.left - lb.already + EPS >= cost and b.left > EPS:
         return "paced"
     return "spent"
