@@ -165,6 +165,8 @@ def blocked(site: str, cap: Cap | None, words: SiteWords) -> Why:
         return Why(Reason.NEXT_CYCLE, {"site": site})
     if cap is None:
         return Why(Reason.WAITING, {"site": site})
+    if cap is Cap.ALLOCATIONS:
+        return Why(Reason.SITE_CAP, {"site": site, "cap": _CAP_WORDS[cap]})
     return Why(Reason.SITE_CAP, {"site": site, "cap": cap.value})
 
 
@@ -182,7 +184,8 @@ def _stopped(sites: Sequence[str], capped: Mapping[str, Cap | None], words: Site
 
 #: A cap in the words a list of other sites gives it (the rest: its own name).
 _CAP_WORDS = {Cap.SLURM_LIMITS: "its SLURM limits", Cap.BREAKER: "paused",
-              Cap.SITE_UNKNOWN: "unreadable", Cap.POLICY_MAX_SUBMIT: "next cycle"}
+              Cap.SITE_UNKNOWN: "unreadable", Cap.POLICY_MAX_SUBMIT: "next cycle",
+              Cap.ALLOCATIONS: "its allocations' budgets and max_pilots"}
 
 
 def _cap_words(cap: Cap | None) -> str:

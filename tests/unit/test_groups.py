@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from provisioner.config import AllocationConfig, SiteConfig
+from provisioner.config import AllocationConfig, ReserveConfig, SiteConfig
 from provisioner.decide.budget import budgets
 from provisioner.decide.group_plan import GroupPlan
 from provisioner.decide.groups import LaneBudget
@@ -16,7 +16,7 @@ from provisioner.decide.reasons import Reason
 from provisioner.model import CycleMemory, Pilot, PilotState, Plan, Submit
 
 from .allocs import DEC10, alloc, budgeted, groups_config, gsnap, job
-from .helpers import site
+from .helpers import memory, site
 
 NOW = DEC10
 
@@ -212,3 +212,16 @@ def test_no_allocations_runs_no_group_code(monkeypatch: pytest.MonkeyPatch) -> N
     cfg = groups_config(site("gsi")).model_copy(update={"journal": ""})
     result = plan(gsnap([(job(4, ""), 3)]), CycleMemory(), cfg, NOW)
     assert type(result) is Plan and result.submits[0].allocation == ""
+
+
+def test_the_reserve_is_held_per_group_on_its_lanes() -> None:
+    reserve = ReserveConfig(window_s=900, lead_s=240, factor=2.5, max_jobs=64)
+    cfg = groups_config(gsi(alloc(), alloc("alloc-b", ["group_b"])), reserve=reserve)
+    spent = {("gsi", "alloc-a"): 0.0, ("gsi", "alloc-b"): 0.0}
+    result = plan(gsnap(arrivals=[(job(1, "group_b"), 60)], spent=spent), memory(), cfg, NOW)
+    assert result.reserve_jobs > 0 and result.submits
+    assert {s.allocation for s in result.submits} == {"alloc-b"}
+    assert all("reserve" in s.reason for s in result.submits)
+    # arrivals of a group no allocation serves hold no reserve
+    none = plan(gsnap(arrivals=[(job(1, "group_x"), 60)], spent=spent), memory(), cfg, NOW)
+    assert none.submits == ()
