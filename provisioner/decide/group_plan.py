@@ -41,6 +41,7 @@ from provisioner.decide.matching import Row, ShapeMatches, match_demand
 from provisioner.decide.newpilots import fill_new, submissions
 from provisioner.decide.packing import BinGroup, Item
 from provisioner.decide.placement import costs_of, site_leads, slow_pending
+from provisioner.decide.reasons import Reason
 from provisioner.decide.reserve import reserve_lead, reserve_rows
 from provisioner.decide.scaledown import pilot_actions
 from provisioner.decide.sizing import new_pilot_size, pack_reserve
@@ -113,11 +114,12 @@ def plan_groups(snapshot: Snapshot, memory: CycleMemory, config: Config, now: fl
     down, unneeded = pilot_actions(snapshot, memory, config, now, used, site_ok,
                                    bool(actions), spare)
     late = placed.late
+    waits = group_waits(rows, placed.unserved, lanes, config)
     return GroupPlan(
         actions=tuple(actions + down),
         unmatchable=tuple(placed.unmatchable),
         summary=tuple(summaries),
-        unplaced_jobs=sum(r.left for r in rows),
+        unplaced_jobs=max(0, sum(r.left for r in rows) - budget_held(waits)),
         reserve_jobs=reserve,
         reserve_held=reserve - sum(r.left for r in ghosts),
         reserve_sized=placed.sized,
@@ -126,10 +128,18 @@ def plan_groups(snapshot: Snapshot, memory: CycleMemory, config: Config, now: fl
         hedges=tuple(sorted(set(late) - memory.hedged)) if actions else (),
         unplaced=tuple((r.shape, r.left) for r in rows if r.left),
         budgets=tuple(placed.budgets.values()),
-        group_waits=group_waits(rows, placed.unserved, lanes, config),
+        group_waits=waits,
         committing=tuple((lane.site.name, lane.alloc.name, lane.budget.already)
                          for lane in lanes.lanes.values() if lane.budget.opened),
     )
+
+
+def budget_held(waits: Sequence[GroupWait]) -> int:
+    """The jobs that wait for their allocations (paced, spent, closed, at max_pilots):
+    not "demand left over by caps", which asks for a cycle at every quick check. A
+    budget frees room only as time passes or pilots end, and those bring their own
+    cycles (the interval, a pilot that became idle or left)."""
+    return sum(w.jobs for w in waits if w.why.reason is not Reason.GROUP_UNSERVED)
 
 
 def _place(snapshot: Snapshot, memory: CycleMemory, config: Config, now: float,

@@ -109,3 +109,21 @@ def test_why_answers_a_job_from_its_group() -> None:
     # a job of the group whose shape the report does not hold yet: its group's reason
     newer = dataclasses.replace(facts, shape=job(8, ""), qdate=NOW + 5)
     assert answer(newer, [report], NOW, "alice")["reason"] == "group_spent"
+
+
+def test_jobs_held_back_by_their_budgets_are_not_left_over_by_caps() -> None:
+    """A paced or spent group's jobs wait for time, not for a quick check: counted as
+    left over by caps, they would run a full cycle at every quick check."""
+    config = cfg()
+    held = gsnap([(job(4, "group_a"), 2), (job(4, "group_b"), 3)],
+                 spent=spent(1000.0, 9 * 24 - 1))
+    p = plan(held, CycleMemory(), config, NOW)
+    assert {g.group for g in p.group_waits} == {"group_a", "group_b"}
+    assert p.unplaced_jobs == 0 and not p.submits
+    # jobs a cap holds back still are: gsi's max_pilots reached by alloc-a's own pilots
+    capped = groups_config(
+        budgeted(site("gsi", walltime_s=3600, max_submit=20, max_pending=20, max_pilots=0),
+                 alloc("alloc-a", ["group_a"], amount=1000)))
+    p = plan(gsnap([(job(4, "group_a"), 2)], spent={("gsi", "alloc-a"): 0.0}), CycleMemory(),
+             capped, NOW)
+    assert p.unplaced_jobs == 2 and not p.group_waits
