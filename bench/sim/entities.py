@@ -34,6 +34,11 @@ class SiteModel:
     #: A job-count limit (MaxJobs): the account runs at most this many pilot jobs; more
     #: are accepted and pend with SLURM's reason `AssocMaxJobsLimit` (None: no limit).
     job_limit: int | None = None
+    #: Faults: a running pilot dies (node failure, preemption) at this rate per hour
+    #: (exponential), its jobs back to the queue; this share of sbatch calls is refused
+    #: with a busy controller's words (0: none; drawn from the world's fault generator).
+    kill_per_h: float = 0.0
+    refuse_share: float = 0.0
 
     def submit_limit_at(self, t: float) -> int | None:
         """The submit limit in force at time `t`."""
@@ -86,6 +91,12 @@ class SimPilot:
     idle_since: float | None = None  # booted and running nothing since (no-claim timer)
     noclaim_ended: bool = False  # ended by its no-claim shutdown
     limit_reason: str = ""  # pending at its site's job-count limit (SLURM's reason)
+    #: The SLURM account it is charged to and its allocation ("": the site has none);
+    #: at a site with allocations it starts only jobs of `groups` (its START).
+    account: str = ""
+    allocation: str = ""
+    groups: frozenset[str] | None = None  # None: any job
+    killed: bool = False  # died by a fault before its walltime
 
     @property
     def key(self) -> str:
@@ -105,6 +116,8 @@ class SimPilot:
         if not self.booted or self.draining or self.ended_at is not None:
             return False
         s = job.shape
+        if self.groups is not None and s.group not in self.groups:
+            return False
         if s.cpus > self.cpus - self.used_cpus:
             return False
         if round_memory(s.memory_mb) > self.memory_mb - self.used_mem:
