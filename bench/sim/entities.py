@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from bench.sim.traces import JobSpec
 from provisioner.config import SiteConfig
 from provisioner.decide.packing import fits_cpu_only, gpu_share
-from provisioner.model import JobShape, round_memory
+from provisioner.model import JobShape, Pilot, round_memory
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,8 @@ class SimPilot:
     allocation: str = ""
     groups: frozenset[str] | None = None  # None: any job
     killed: bool = False  # died by a fault before its walltime
+    #: What `World.model_pilot` last made of it, and of what (its cache).
+    view: tuple[tuple[object, ...], Pilot] | None = field(default=None, repr=False)
 
     @property
     def key(self) -> str:

@@ -36,9 +36,14 @@ class Observed:
         return PilotState.BUSY if p.jobs else PilotState.IDLE
 
     def model_pilot(self, p: SimPilot) -> Pilot:
+        """`p` as the service reads it (squeue and its ad); the same object while nothing
+        it shows has changed."""
         state = self.pilot_state(p)
+        seen = (state, p.used_cpus, p.used_mem, p.used_gpus, p.limit_reason)
+        if p.view is not None and p.view[0] == seen:
+            return p.view[1]
         full = state in (PilotState.PENDING, PilotState.STARTING)
-        return Pilot(
+        view = Pilot(
             site=p.site.name, job_id=str(p.id), state=state, cpus=p.cpus,
             memory_mb=p.memory_mb, submitted_at=p.submitted_at, started_at=p.started_at,
             walltime_end=p.walltime_end,
@@ -52,6 +57,8 @@ class Observed:
             limit_reason=p.limit_reason if state is PilotState.PENDING else "",
             account=p.account,
         )
+        p.view = (seen, view)
+        return view
 
     def seen(self, shape: JobShape) -> JobShape:
         """`shape` as the service reads it: its accounting group only where groups are
