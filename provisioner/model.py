@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
+from typing import Any
 
 #: The startd rounds every job's RequestMemory up to a multiple of this (MB).
 MEMORY_ROUNDING_MB = 128
@@ -252,6 +253,11 @@ class CycleMemory:
     #: Arrival rate (jobs/s) per shape (cpus, gpus) over ``reserve.evidence_s``; a shape
     #: absent: rated from the window's arrivals alone.
     shape_rates: dict[tuple[int, int], float] = field(default_factory=dict)
+    # -- what SLURM's refusals stopped
+    #: (site, allocation name) -> why: allocations whose account SLURM refused, stopped
+    #: until the service restarts (`Controller.stopped_allocations`); no new pilot is
+    #: charged to them.
+    stopped_allocations: dict[tuple[str, str], str] = field(default_factory=dict)
 
 
 # Actions: returned as data, applied by the service.
@@ -337,6 +343,9 @@ class Cap(StrEnum):
     SLURM_LIMITS = "SLURM limits"  # what its SLURM limits allow, learnt from refusals
     POLICY_MAX_SUBMIT = "policy max_submit_per_cycle"  # the global per-cycle cap
     SITE_UNKNOWN = "site unknown"  # no cap: squeue did not answer this cycle
+    #: its allocations: what their budgets (spent, paced, ended, unknown, stopped) or
+    #: their max_pilots let it charge (`provisioner.decide.groups`)
+    ALLOCATIONS = "allocations"
 
 
 @dataclass(frozen=True)
@@ -375,3 +384,17 @@ class Plan:
     @property
     def submits(self) -> tuple[Submit, ...]:
         return tuple(a for a in self.actions if isinstance(a, Submit))
+
+    @property
+    def budgets(self) -> tuple[Any, ...]:
+        """Every allocation's budget at the start of the cycle
+        (`provisioner.decide.budget.Budget`); none where no site has allocations (the
+        plan of `provisioner.decide.groups`, `GroupPlan`, holds them)."""
+        return ()
+
+    @property
+    def group_waits(self) -> tuple[Any, ...]:
+        """Why the jobs of an accounting group wait for its allocations
+        (`provisioner.decide.budget_why.GroupWait`); none where no site has
+        allocations."""
+        return ()

@@ -10,9 +10,10 @@ sites whose pilots, not cores, are scarce (`provisioner.decide.sizing`).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
+from typing import Protocol
 
 from provisioner.config import Config, SiteBase
 from provisioner.decide.matching import Row
@@ -47,9 +48,19 @@ _WHOLE = _TIERS.index(PilotState.STARTING)  # from this tier on a pilot counts w
 _PENDING_TIER = _TIERS.index(PilotState.PENDING)
 
 
+class SharedRoom(Protocol):
+    """The room for new pilots that the rows of one site's allocations share
+    (`provisioner.decide.groups`)."""
+
+    def refresh(self) -> None:
+        """Set each row's `NewPilots.allowed` to what is left of the site's room."""
+        ...
+
+
 @dataclass
 class SiteRow:
-    """Everything one cycle knows and decides about one site."""
+    """Everything one cycle knows and decides about one site (or, at a site with
+    allocations, about one allocation there: `shared` then holds the site's room)."""
 
     config: SiteBase
     known: bool  # squeue answered this cycle
@@ -67,6 +78,7 @@ class SiteRow:
     #: its pilots, not its cores, are scarce: the cores a new pilot takes (0: sized to
     #: its jobs; `provisioner.decide.sizing`)
     bound: int = 0
+    shared: SharedRoom | None = None
 
     @property
     def name(self) -> str:
@@ -122,10 +134,12 @@ def site_rows(snapshot: Snapshot, memory: CycleMemory, config: Config,
 
 def add_capacity(sites: dict[str, SiteRow], snapshot: Snapshot, now: float,
                  registry: list[BinGroup], skip: Iterable[str] = (),
-                 states: Mapping[PilotState, Sequence[Pilot]] | None = None) -> None:
+                 states: Mapping[PilotState, Sequence[Pilot]] | None = None,
+                 lane_of: Callable[[Pilot], str | None] | None = None) -> None:
     """Existing capacity as identical-bin groups, one index per site and tier; pilots in
     `skip` are no capacity. `states`: the snapshot's pilots by state, if already sorted
-    out (`by_state`)."""
+    out (`by_state`). `lane_of`: the key in `sites` of a pilot's row (None: no row takes
+    it, it is no capacity); without it, its site's name."""
     skip = frozenset(skip)
     if states is None:
         states = by_state(snapshot.pilots)
@@ -148,7 +162,8 @@ def add_capacity(sites: dict[str, SiteRow], snapshot: Snapshot, now: float,
                 if c <= 0:
                     continue
                 m, g = p.free_memory_mb, p.free_gpus
-            site_times = times.get(p.site)
+            name = p.site if lane_of is None else (lane_of(p) or "")  # "": no row
+            site_times = times.get(name)
             if site_times is None or p.limit_reason or (skip and p.key in skip):
                 continue  # a pilot pending at a job-count limit is no capacity on its way
             # when SLURM ends the pilot: a pending pilot gets a full walltime when it starts
@@ -170,9 +185,9 @@ def add_capacity(sites: dict[str, SiteRow], snapshot: Snapshot, now: float,
             # the GPU share (`gpu_share`) as plain numbers; a `GpuShare` per group
             gpus = p.gpus
             if gpus > 0:
-                key = (p.site, tier, c, m, g, p.cpus // gpus, p.memory_mb // gpus)
+                key = (name, tier, c, m, g, p.cpus // gpus, p.memory_mb // gpus)
             else:
-                key = (p.site, tier, c, m, g, 0, 0)
+                key = (name, tier, c, m, g, 0, 0)
             if not read:
                 derived.add(key)
             members = raw.get(key)

@@ -22,7 +22,7 @@ import math
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from provisioner.model import Pilot
 
@@ -353,13 +353,34 @@ def _neg(x: float) -> float:
     return -x
 
 
+class Admission(Protocol):
+    """What an allocation lets new pilots commit (`provisioner.decide.groups`): a new
+    bin is opened only when its worst case fits what is left after the bins opened
+    before it."""
+
+    def size(self, cpus: int, gpus: int, least: int) -> int:
+        """`cpus` if a bin of `cpus` cores and `gpus` GPUs fits, else the most cores from
+        `least` up that fit (0: none does)."""
+        ...
+
+    def count(self, cpus: int, gpus: int, most: int) -> int:
+        """How many bins of this size fit one after another, at most `most`."""
+        ...
+
+    def take(self, cpus: int, gpus: int, n: int) -> None:
+        """`n` bins of this size were opened."""
+        ...
+
+
 @dataclass
 class NewPilots:
     """New pilots of one site, at most `allowed`. Each new bin has `pack_cpus` cores, or
     the cores of the first job put in it if more (at most `cpus`), and the largest memory.
     Pilots opened this cycle are filled first, through the same `CapacityIndex` as
     existing capacity. Jobs that ask for GPUs open bins with the site's GPUs and share
-    them with GPU jobs only; CPU-only jobs open bins without GPUs (`open_gpu`, `open`)."""
+    them with GPU jobs only; CPU-only jobs open bins without GPUs (`open_gpu`, `open`).
+    With an `admission` (an allocation's budget) each bin opens only if it fits, one
+    after another, or smaller where fewer cores fit (`Admission.size`)."""
 
     cpus: int
     memory_mb: int
@@ -370,6 +391,7 @@ class NewPilots:
     open: CapacityIndex = field(init=False)
     open_gpu: CapacityIndex = field(init=False)
     opened: int = 0
+    admission: Admission | None = None
 
     def __post_init__(self) -> None:
         self.open = CapacityIndex([], self.registry)
@@ -388,6 +410,8 @@ class NewPilots:
         placed = index.fill(item, n, 0.0)
         n -= placed
         cpus = min(self.cpus, max(self.pack_cpus or self.cpus, item.cpus))
+        if self.admission is not None:
+            return placed + self._admit(item, n, cpus, gpus, index, self.admission)
         k = item.per_bin(cpus, self.memory_mb, gpus)
         left = self.allowed - self.opened
         if n <= 0 or k == 0 or left <= 0:
@@ -406,4 +430,36 @@ class NewPilots:
             self.opened += 1
             index.add(g)
             placed += n
+        return placed
+
+    def _admit(self, item: Item, n: int, cpus: int, gpus: int, index: CapacityIndex,
+               admission: Admission) -> int:
+        """Up to `n` jobs of `item` into new bins of `cpus` cores, each bin admitted by
+        `admission` before it opens (smaller where a whole one does not fit); returns
+        how many were placed."""
+        placed = 0
+        while n > 0 and self.opened < self.allowed:
+            size = admission.size(cpus, gpus, item.cpus)
+            k = item.per_bin(size, self.memory_mb, gpus) if size > 0 else 0
+            if k == 0:
+                break
+            bins = min(-(-n // k), self.allowed - self.opened,
+                       admission.count(size, gpus, self.allowed - self.opened))
+            if bins <= 0:
+                break
+            full = min(bins, n // k)
+            if full:
+                g = BinGroup(size, self.memory_mb, gpus, INF, full)
+                g.add(item, k)
+                index.add(g)
+                n -= full * k
+                placed += full * k
+            if bins > full:  # the rest, fewer than k jobs, in one more bin
+                g = BinGroup(size, self.memory_mb, gpus, INF, 1)
+                g.add(item, n)
+                index.add(g)
+                placed += n
+                n = 0
+            self.opened += bins
+            admission.take(size, gpus, bins)
         return placed

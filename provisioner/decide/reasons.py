@@ -7,8 +7,9 @@ parameters, never text), `provisioner status`, the stuck/unmatchable report and 
 metrics (`provisioner_waiting_jobs{reason}`). A code's value is stable: scripts read it
 from `provisioner why --json` and the metrics' label.
 
-A group's allocation (paced, spent) will be one more pair of codes here, with its
-parameters (the group, its share left) written beside a shape's entry like any other.
+Where sites have allocations, a job may wait for its accounting group's allocations
+(`provisioner.decide.budget_why`): spent, closed, paced, at their max_pilots, or none
+serving its group; those codes carry the group, and are never a shape's resources.
 """
 
 from __future__ import annotations
@@ -45,6 +46,11 @@ class Reason(StrEnum):
     NO_REPORT = "no_report"  # no provisioner reports to this pool
     WAITING = "waiting"  # demand known, no pilot on its way yet (the next cycle decides)
     DONE = "done"  # completed or removed, still in the queue
+    GROUP_UNSERVED = "group_unserved"  # no allocation serves its group where it fits
+    GROUP_SPENT = "group_spent"  # its group's allocations have nothing left for a pilot
+    GROUP_CLOSED = "group_closed"  # its group's allocations take no pilot (ended, ...)
+    GROUP_PACED = "group_paced"  # even pace holds its group's allocations back: until
+    GROUP_MAX_PILOTS = "group_max_pilots"  # its group's allocation holds max_pilots
 
 
 #: The text a stuck shape's report starts with (`provisioner.decide.stuck`).
@@ -206,6 +212,35 @@ def _paused(w: Why, now: float, clock: Clock) -> str:
             f"{duration(float(until) - now)})")
 
 
+def _unserved(w: Why) -> str:
+    group, groups = str(w.get("group", "")), w.get("groups", "")
+    known = f"configured groups: {groups}" if groups else "no group is configured"
+    if not group:
+        return (f"the job names no accounting group, and the pilots of every site that "
+                f"fits it serve only their allocations' groups ({known}); submit it with "
+                "accounting_group set to one of them")
+    sites = w.get("sites", "")
+    if sites:
+        return (f"accounting group {group} has allocations only at {sites}, which cannot "
+                f"run this job ({known}); no pilot is started for it")
+    return f"accounting group {group} is served by no allocation ({known}); no pilot is " \
+           "started for it"
+
+
+def _paced(w: Why, now: float, clock: Clock) -> str:
+    unit, until = w.get("unit", ""), float(w.get("until", now))
+    when = (f"at {clock(until)} (in about {duration(until - now)})" if until > now + 60
+            else "at the provisioner's next cycle")
+    return (f"group {w.get('group', '?')} is paced: {w.get('allocation', '?')} allows "
+            f"{_units(w.get('allows', 0))} {unit} more now, and its next pilot needs "
+            f"{_units(w.get('needs', 0))} {unit}; the even pace lets it in {when}")
+
+
+def _units(x: Any) -> str:
+    v = float(x)
+    return f"{v:.0f}" if v >= 100 or v == int(v) else f"{v:.3g}"
+
+
 def _done(state: str) -> str:
     if state == "completed":
         return ("completed; nothing more is provisioned for it (it stays in the queue while "
@@ -258,6 +293,17 @@ def sentence(w: Why, now: float, clock: Clock = utc_clock) -> str:
         Reason.WAITING: lambda: ("no pilot is on its way for it yet; the provisioner "
                                  "decides at its next cycle"),
         Reason.DONE: lambda: _done(str(w.get("state", "done"))),
+        Reason.GROUP_UNSERVED: lambda: _unserved(w),
+        Reason.GROUP_SPENT: lambda: (f"the allocations of group {w.get('group', '?')} are "
+                                     f"spent ({w.get('budgets', '')}); its jobs wait for "
+                                     "the next period or a larger grant"),
+        Reason.GROUP_CLOSED: lambda: (f"the allocations of group {w.get('group', '?')} take "
+                                      f"no new pilot ({w.get('budgets', '')})"),
+        Reason.GROUP_PACED: lambda: _paced(w, now, clock),
+        Reason.GROUP_MAX_PILOTS: lambda: (f"group {w.get('group', '?')}'s allocation "
+                                          f"{w.get('allocation', '?')} holds as many pilots "
+                                          f"as it may (max_pilots {w.get('max_pilots', '?')})"
+                                          "; waiting for one of them to end"),
     }
     text = texts[r]()
     also = w.get("also")

@@ -117,8 +117,9 @@ def _poisson(mean: float, top: int) -> list[float]:
     return out
 
 
-#: (cpus, gpus, DesiredSites, sites matching the Requirements: () = not evaluated, any)
-_Key = tuple[int, int, tuple[str, ...], tuple[str, ...]]
+#: (cpus, gpus, DesiredSites, sites matching the Requirements: () = not evaluated, any,
+#: accounting group: "" = none, or groups not in use)
+_Key = tuple[int, int, tuple[str, ...], tuple[str, ...], str]
 
 
 def reserve_rows(snapshot: Snapshot, memory: CycleMemory, config: Config,
@@ -128,8 +129,9 @@ def reserve_rows(snapshot: Snapshot, memory: CycleMemory, config: Config,
     ask for (before `CycleMemory.reserve_hold`).
 
     Recently arrived matchable jobs are grouped by (cpus, gpus, DesiredSites, the sites
-    whose pilot matches their Requirements); a group's
-    reserve slot takes the largest memory seen in it and no stated runtime, so one slot
+    whose pilot matches their Requirements, the accounting group where groups are in
+    use: a reserve row carries its group, so that only pilots serving it hold it); a
+    group's reserve slot takes the largest memory seen in it and no stated runtime, so one slot
     fits any recent job of that group. The reserve is split over the groups in proportion
     to the square root of their arrivals (largest remainder). Jobs that arrived at fewer
     than ``min_arrival_times`` distinct times are no rate: no reserve. The size is at least
@@ -158,8 +160,9 @@ def reserve_rows(snapshot: Snapshot, memory: CycleMemory, config: Config,
     for key, n in quota.items():
         if n <= 0:
             continue
-        cpus, gpus, desired, matched = key
-        shape = JobShape(cpus, largest_mb[key], gpus=gpus, desired_sites=desired)
+        cpus, gpus, desired, matched, group = key
+        shape = JobShape(cpus, largest_mb[key], gpus=gpus, desired_sites=desired,
+                         group=group)
         item = item_of(shape)
         fits = [name for name in fitting_sites(shape, sites, item)
                 if not matched or name in matched]
@@ -194,7 +197,7 @@ def _groups(snapshot: Snapshot, sites: Sequence[SiteBase],
         if not fits:
             continue  # unmatchable arrivals never cause a reserve
         key = (item.cpus, item.gpus, shape.desired_sites,
-               tuple(sorted(d.sites)) if d.sites is not None else ())
+               tuple(sorted(d.sites)) if d.sites is not None else (), shape.group)
         counts[key] += d.idle
         memory[key] = max(memory.get(key, 0), shape.memory_mb)
     return counts, memory
@@ -231,7 +234,7 @@ def _worth_reserving(counts: Counter[_Key], memory: CycleMemory, config: Config,
     kept: list[tuple[int, set[str]]] = []  # (gpus, sites) of the groups that keep room
     capped: dict[_Key, tuple[int, float]] = {}  # spent groups: (room left, jobs per hold)
     for key, n in counts.items():
-        cpus, gpus, desired, matched = key
+        cpus, gpus, desired, matched, _group = key
         names = [s.name for s in sites if (not desired or s.name in desired)
                  and (not matched or s.name in matched)]
         hold = min((noclaim[name] for name in names), default=0)
@@ -322,7 +325,7 @@ def slots_worth(rate: float, hold: float, value_s: float, most: int) -> int:
 def shape_arrivals(counts: Mapping[_Key, int]) -> Counter[tuple[int, int]]:
     """Arrivals per (cpus, gpus)."""
     out: Counter[tuple[int, int]] = Counter()
-    for (cpus, gpus, _d, _m), n in counts.items():
+    for (cpus, gpus, _d, _m, _g), n in counts.items():
         out[(cpus, gpus)] += n
     return out
 
