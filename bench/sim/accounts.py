@@ -126,15 +126,15 @@ class Accounts:
             return
         if p.started_at is None:
             return  # never started: SLURM charges nothing
-        rate, t = self.rate(grant, p), p.started_at
+        rate, t, last = self.rate(grant, p), p.started_at, None
         while t < now:
             start, end = grant.alloc.period_bounds(t)
+            if start == last:
+                break  # a dated grant has one period: nothing after its end
             key = (grant.site, grant.alloc.name, start)
             self.closed[key] = self.closed.get(key, 0.0) + period_charge(
                 rate, p.started_at, now, start, end)
-            if end <= t:
-                break
-            t = end
+            t, last = end, start
 
     def spent(self, grant: Grant, now: float) -> float:
         """What the allocation has been charged this period up to `now`, running pilots
