@@ -135,7 +135,9 @@ class Budget:
         unit = UNIT_SHORT.get(self.unit, self.unit)
         head = f"{self.site}/{self.name}: {self.status.value}"
         amounts = f"{_num(max(0.0, self.left))} of {_num(self.amount)} {unit} left"
-        if self.status is BudgetStatus.STOPPED:
+        if self.status is BudgetStatus.STOPPED:  # the reason may name the state itself
+            if self.stopped.startswith(BudgetStatus.STOPPED.value):
+                return f"{self.site}/{self.name}: {self.stopped}"
             return f"{head}: {self.stopped}"
         if self.status is BudgetStatus.UNKNOWN:
             return f"{head}: the books cannot be read, no new pilot"

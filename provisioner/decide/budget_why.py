@@ -67,11 +67,11 @@ def stop_of(lane: Lane, cpus: int, gpus: int) -> str:
     if lane.at_max_pilots():
         return "max_pilots"
     b, lb = lane.budget.budget, lane.budget
+    cost = lb.smallest_cost(cpus, gpus)
+    if lb.allowance > EPS and lb.room() + EPS >= cost:
+        return ""
     if b.status in CLOSED:
         return "closed"
-    cost = lb.smallest_cost(cpus, gpus)
-    if b.allowance > EPS and lb.room() + EPS >= cost:
-        return ""
     if b.pace == "even" and b.left - lb.already + EPS >= cost and b.left > EPS:
         return "paced"
     return "spent"
@@ -113,7 +113,8 @@ def _budget_why(group: str, stops: dict[str, str], lanes: Lanes,
     return Why(code, {"group": group, "budgets": _lines(mine)})
 
 
-def _unserved(group: str, config: Config) -> Why:
+def unserved_why(group: str, config: Config) -> Why:
+    """Why jobs of `group` get no pilot anywhere they fit: no allocation serves it there."""
     configured = sorted({g for s in config.sites for a in s.allocations for g in a.groups})
     where = sorted({s.name for s in config.sites
                     if any(group in a.groups for a in s.allocations)})
@@ -125,13 +126,14 @@ def _unserved(group: str, config: Config) -> Why:
 def group_waits(rows: Iterable[Row], unserved: Iterable[Row], lanes: Lanes,
                 config: Config) -> tuple[GroupWait, ...]:
     """Every group whose jobs wait for its allocations after this cycle (see the
-    module's docstring), in the order of the groups' names."""
+    module's docstring), by group name; a group with jobs of both kinds has an entry
+    for those no allocation serves and one for those its budgets hold back."""
+    out: list[GroupWait] = []
     jobs: dict[str, int] = {}
-    whys: dict[str, Why] = {}
     for row in unserved:
-        group = row.shape.group
-        jobs[group] = jobs.get(group, 0) + row.jobs
-        whys.setdefault(group, _unserved(group, config))
+        jobs[row.shape.group] = jobs.get(row.shape.group, 0) + row.jobs
+    out += [GroupWait(g, n, unserved_why(g, config)) for g, n in jobs.items()]
+    jobs = {}
     stops: dict[str, dict[str, str]] = {}
     needs: dict[str, dict[str, float]] = {}
     for row in rows:
@@ -148,7 +150,7 @@ def group_waits(rows: Iterable[Row], unserved: Iterable[Row], lanes: Lanes,
             cost = lanes.lanes[k].budget.smallest_cost(row.item.cpus, row.item.gpus)
             need[k] = min(need.get(k, cost), cost)
     for group, here in stops.items():
-        if group not in whys:
-            ordered = dict(sorted(here.items(), key=lambda kv: _ORDER.index(kv[1])))
-            whys[group] = _budget_why(group, ordered, lanes, needs[group])
-    return tuple(GroupWait(g, jobs[g], whys[g]) for g in sorted(whys))
+        ordered = dict(sorted(here.items(), key=lambda kv: _ORDER.index(kv[1])))
+        out.append(GroupWait(group, jobs[group],
+                             _budget_why(group, ordered, lanes, needs[group])))
+    return tuple(sorted(out, key=lambda w: (w.group, w.why.reason.value)))

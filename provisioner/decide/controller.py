@@ -51,6 +51,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from provisioner.config import Config
+from provisioner.decide.answers import SubmitAnswers, _held
 from provisioner.decide.arrivals import ArrivalTimes, QueueHistory, departures
 from provisioner.decide.breaker import SiteBreakers
 from provisioner.decide.cadence import SLACK, CycleMark, Probe, cycle_due
@@ -60,7 +61,6 @@ from provisioner.decide.plan import carry_over, plan
 from provisioner.decide.reserve import NoClaimWatch, ShapeRates
 from provisioner.decide.scaledown import drained_empty
 from provisioner.decide.stuck import StuckGroups
-from provisioner.errors import BackendError
 from provisioner.model import (
     Action,
     Cancel,
@@ -120,8 +120,9 @@ class PoolView:
 
 
 @dataclass
-class Controller:
-    """Pure cycle state; see the module docstring for the calling contract."""
+class Controller(SubmitAnswers):
+    """Pure cycle state; see the module docstring for the calling contract (what it
+    learns from SLURM's answers to its submissions: `SubmitAnswers`)."""
 
     config: Config
     #: what the last cycle decided to carry over (flags, idle observations, unneeded and
@@ -155,6 +156,11 @@ class Controller:
     #: this cycle's pilots submitted so far (as pending pilots) and sites that failed
     just_sent: list[Pilot] = field(default_factory=list)
     failed_sites: set[str] = field(default_factory=set)
+    #: this cycle's (site, allocation) whose sbatch SLURM refused for the allocation alone
+    failed_allocations: set[tuple[str, str]] = field(default_factory=set)
+    #: (site, allocation) -> why: allocations whose account SLURM refused, stopped until
+    #: the service restarts (`stopped_allocations`)
+    allocation_stops: dict[tuple[str, str], str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         r = self.config.policy.reserve
@@ -300,7 +306,7 @@ class Controller:
         result = plan(snap, memory, self.config, now)
         self.planned = (snap, memory)
         if commit:
-            self.just_sent, self.failed_sites = [], set()
+            self.just_sent, self.failed_sites, self.failed_allocations = [], set(), set()
             self.remember(snap, memory, result, now, idle_ads)
         return result
 
@@ -362,7 +368,8 @@ class Controller:
             probing=self.breakers.probing(), arrival_window_s=window, recent_departures=left,
             arrival_times=len(self.arrivals), arrivals_in_window=times,
             reserve_hold=max((n for _t, n in self.reserves), default=0),
-            reserve_spent=self.noclaim.limits(), shape_rates=self.rates.rates(now))
+            reserve_spent=self.noclaim.limits(), shape_rates=self.rates.rates(now),
+            stopped_allocations=self.stopped_allocations)
         return snap, memory
 
     def remember(self, snapshot: Snapshot, memory: CycleMemory, result: Plan, now: float,
@@ -459,62 +466,6 @@ class Controller:
     def cancelled(self, key: str) -> None:
         """The SLURM job of released pilot `key` was cancelled: stop following it."""
         self.releases.pop(key, None)
-
-
-    # -- SLURM's answers to this cycle's submissions -------------------------------------
-    def sent(self, action: Submit, ids: Iterable[str], error: BackendError | None,
-             now: float) -> str:
-        """A `Submit` of this cycle was sent: `ids` the jobs SLURM accepted, `error` what
-        stopped it (None: all accepted). Learns from a refusal (`SiteLimits.refused`) and
-        returns its line for the log ("" when nothing changed)."""
-        for job_id in ids:
-            self.just_sent.append(Pilot(action.site, job_id, PilotState.PENDING, action.cpus,
-                                        action.memory_mb, now, free_cpus=action.cpus,
-                                        free_memory_mb=action.memory_mb, gpus=action.gpus,
-                                        free_gpus=action.gpus))
-        pilots = (self.planned[0].pilots if self.planned is not None else ()) + tuple(
-            self.just_sent)
-        held = _held(pilots).get(action.site, 0)
-        if error is None:
-            return self.limits.submitted(action.site, held)
-        self.failed_sites.add(action.site)
-        return self.limits.refused(action.site, error, held, now)
-
-    def held_now(self, snapshot: Snapshot) -> dict[str, int]:
-        """Pilots each site holds: those of `snapshot` and this cycle's submissions (what
-        its SLURM limits count)."""
-        return _held(snapshot.pilots + tuple(self.just_sent))
-
-    def replan(self, now: float) -> list[Submit]:
-        """After an sbatch failed this cycle: the submissions that place the demand the
-        failed sites were to take at the other sites (what was submitted so far counts as
-        pending pilots, within this cycle's caps). Only `Submit`s; nothing is remembered
-        (the next cycle sees the new pilots in squeue)."""
-        if self.planned is None or not self.failed_sites:
-            return []
-        snap, memory = self.planned
-        pilots = snap.pilots + tuple(self.just_sent)
-        room = self.limits.rooms(_held(pilots), self.config.site_names, now)
-        sent = _held(self.just_sent)
-        for site in self.config.sites:
-            if sent.get(site.name):
-                left = site.caps.max_submit_per_cycle - sent[site.name]
-                room[site.name] = min(room.get(site.name, left), left)
-        policy = self.config.policy
-        left = max(0, policy.max_submit_per_cycle - len(self.just_sent))
-        config = self.config.model_copy(update={"policy": policy.model_copy(
-            update={"max_submit_per_cycle": left})})
-        result = plan(replace(snap, pilots=pilots), replace(memory, limit_room=room), config,
-                      now)
-        return [a for a in result.submits if a.site not in self.failed_sites]
-
-
-def _held(pilots: Iterable[Pilot]) -> dict[str, int]:
-    """Pilots each site holds in SLURM (what its limits count)."""
-    out: dict[str, int] = {}
-    for p in pilots:
-        out[p.site] = out.get(p.site, 0) + 1
-    return out
 
 
 def _joining(snapshot: Snapshot, result: Plan) -> int:

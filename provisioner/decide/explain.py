@@ -19,7 +19,8 @@ from functools import cached_property, lru_cache
 from typing import Any
 
 from provisioner.config import Config
-from provisioner.decide.matching import match_demand
+from provisioner.decide.budget_why import unserved_why
+from provisioner.decide.matching import Row, match_demand
 from provisioner.decide.packing import Item
 from provisioner.decide.reasons import Reason, Why, largest_offer, unmatchable_reason
 from provisioner.model import Cap, JobShape, Pilot, PilotState, Plan, Snapshot
@@ -50,6 +51,17 @@ class ShapeEntry:
 
 
 @dataclass(frozen=True)
+class GroupEntry:
+    """Why the jobs of an accounting group wait for its allocations (where sites have
+    allocations): what `provisioner why` says of a job of the group whose shape the
+    report does not hold (it came after the cycle)."""
+
+    group: str
+    jobs: int
+    why: Why
+
+
+@dataclass(frozen=True)
 class Report:
     """What the service says of the queue after one cycle."""
 
@@ -59,9 +71,14 @@ class Report:
     pool_known: bool
     shapes: tuple[ShapeEntry, ...] = ()
     left_out: int = 0  # shapes beyond MAX_SHAPES, not reported
+    groups: tuple[GroupEntry, ...] = ()
 
     def entry(self, key: str) -> ShapeEntry | None:
         return self._by_key.get(key)
+
+    def group(self, name: str) -> GroupEntry | None:
+        """Why jobs of group `name` wait for its allocations (None: they do not)."""
+        return next((g for g in self.groups if g.group == name), None)
 
     @cached_property
     def _by_key(self) -> dict[str, ShapeEntry]:
@@ -148,6 +165,8 @@ def blocked(site: str, cap: Cap | None, words: SiteWords) -> Why:
         return Why(Reason.NEXT_CYCLE, {"site": site})
     if cap is None:
         return Why(Reason.WAITING, {"site": site})
+    if cap is Cap.ALLOCATIONS:
+        return Why(Reason.SITE_CAP, {"site": site, "cap": _CAP_WORDS[cap]})
     return Why(Reason.SITE_CAP, {"site": site, "cap": cap.value})
 
 
@@ -165,7 +184,8 @@ def _stopped(sites: Sequence[str], capped: Mapping[str, Cap | None], words: Site
 
 #: A cap in the words a list of other sites gives it (the rest: its own name).
 _CAP_WORDS = {Cap.SLURM_LIMITS: "its SLURM limits", Cap.BREAKER: "paused",
-              Cap.SITE_UNKNOWN: "unreadable", Cap.POLICY_MAX_SUBMIT: "next cycle"}
+              Cap.SITE_UNKNOWN: "unreadable", Cap.POLICY_MAX_SUBMIT: "next cycle",
+              Cap.ALLOCATIONS: "its allocations' budgets and max_pilots"}
 
 
 def _cap_words(cap: Cap | None) -> str:
@@ -185,7 +205,10 @@ def _unmatchable(shape: JobShape, text: str, config: Config) -> Why:
 def explain(snapshot: Snapshot, plan: Plan, config: Config, now: float,
             words: SiteWords, sent: Sequence[Pilot] = (), cycle_s: float = 0.0) -> Report:
     """The report of one cycle: `snapshot` as the plan saw it (stuck shapes marked),
-    its `plan`, the pilots `sent` this cycle (pending from now on)."""
+    its `plan`, the pilots `sent` this cycle (pending from now on). Where sites have
+    allocations, a shape's jobs are told of the pilots that serve their group only, and
+    those that wait for their group's allocations get the plan's group reason
+    (`Plan.group_waits`)."""
     rid, cycle_s = config.pool.provisioner_id, cycle_s or config.policy.interval_s
     if not snapshot.pool_known:
         return Report(rid, now, cycle_s, False)
@@ -195,19 +218,60 @@ def explain(snapshot: Snapshot, plan: Plan, config: Config, now: float,
     for shape, n in plan.unplaced:
         unplaced[shape] += n
     capped = {s.site: s.capped for s in plan.summary}
+    groups = Groups(config, plan) if config.groups_in_use else None
     entries: dict[JobShape, ShapeEntry] = {}
     for u in unmatchable:
         entries[u.shape] = ShapeEntry(shape_key(u.shape), u.idle,
                                       _unmatchable(u.shape, u.reason, config))
     for r in rows:
         left = min(unplaced.get(r.shape, 0), r.jobs)
-        stop = _stopped(r.sites, capped, words) if left else None
-        way = on_its_way(r.item, r.sites, pilots, words) if left < r.jobs else None
-        if way is None:
+        unserved = groups.unserved(r) if groups is not None else None
+        stop = None
+        if left:
+            budget = groups.waits.get(r.shape.group) if groups is not None else None
+            stop = budget or _stopped(r.sites, capped, words)
+        mine = groups.pilots(pilots, r.shape.group) if groups is not None else pilots
+        way = on_its_way(r.item, r.sites, mine, words) if left < r.jobs else None
+        if unserved is not None:
+            way, stop = unserved, None
+        elif way is None:
             way, stop = stop or Why(Reason.WAITING, {"site": r.sites[0]}), None
         old = entries.get(r.shape)
         idle = r.jobs + (old.idle if old is not None else 0)
         entries[r.shape] = ShapeEntry(shape_key(r.shape), idle, way, stop, left)
     ordered = sorted(entries.values(), key=lambda e: (-e.idle, e.key))
+    waits = tuple(GroupEntry(w.group, w.jobs, w.why) for w in plan.group_waits)
     return Report(rid, now, cycle_s, True, tuple(ordered[:MAX_SHAPES]),
-                  max(0, len(ordered) - MAX_SHAPES))
+                  max(0, len(ordered) - MAX_SHAPES), waits)
+
+
+class Groups:
+    """What the report needs of the allocations: which sites serve a group, which
+    pilots serve it, and the plan's reasons for groups that wait for their budgets."""
+
+    def __init__(self, config: Config, plan: Plan) -> None:
+        self.config = config
+        self.budgeted = {s.name for s in config.sites if s.allocations}
+        #: group -> (site, account) of the allocations that serve it
+        self.accounts: dict[str, set[tuple[str, str]]] = {}
+        for s in config.sites:
+            for a in s.allocations:
+                for g in a.groups:
+                    self.accounts.setdefault(g, set()).add((s.name, a.account))
+        self.waits = {w.group: w.why for w in plan.group_waits
+                      if w.why.reason is not Reason.GROUP_UNSERVED}
+
+    def unserved(self, row: Row) -> Why | None:
+        """Why no pilot serves the row's group at the sites that fit it (None: some
+        does)."""
+        group = row.shape.group
+        sites = {s for s, _account in self.accounts.get(group, ())}
+        if any(n not in self.budgeted or n in sites for n in row.sites):
+            return None
+        return unserved_why(group, self.config)
+
+    def pilots(self, pilots: Sequence[Pilot], group: str) -> list[Pilot]:
+        """The pilots that may run a job of `group`: at a site without allocations, or
+        charged to an allocation that serves the group."""
+        mine = self.accounts.get(group, set())
+        return [p for p in pilots if p.site not in self.budgeted or (p.site, p.account) in mine]

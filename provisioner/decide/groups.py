@@ -60,16 +60,22 @@ class LaneBudget:
     min_cpus: int
     already: float = 0.0  # the worst case of the new pilots admitted this cycle
     opened: int = 0  # new pilots admitted this cycle
+    #: `budget.allowance`, worked out once (the budget does not change in a cycle)
+    allowance: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.allowance = self.budget.allowance
 
     def room(self) -> float:
         """What new pilots may still commit this cycle."""
-        return self.budget.allowance - self.already
+        return self.allowance - self.already
 
     def fits(self, cpus: int, gpus: int) -> bool:
-        return self.budget.fits(cpus, gpus, self.already)
+        """`Budget.fits` after `already`."""
+        return self.budget.cost(cpus, gpus) <= self.allowance - self.already + EPS
 
     def size(self, cpus: int, gpus: int, least: int) -> int:
-        if self.budget.allowance <= EPS:
+        if self.allowance <= EPS:
             return 0  # spent, paced to nothing, ended, not started, unknown or stopped
         if self.fits(cpus, gpus):
             return cpus
@@ -84,7 +90,7 @@ class LaneBudget:
 
     def count(self, cpus: int, gpus: int, most: int) -> int:
         cost = self.budget.cost(cpus, gpus)
-        if self.budget.allowance <= EPS:
+        if self.allowance <= EPS:
             return 0
         if cost <= 0:  # e.g. a pilot without GPUs, of a GPU-hours allocation
             return most

@@ -21,7 +21,9 @@ SLURM's refusals are signals, each of its own kind (`provisioner.sites.base`):
   (`unknown_reason`).
 - `Misconfigured` (account, partition, QOS, time limit refused): the site is *stopped*,
   the error named; no sbatch there until the service restarts (after the configuration is
-  fixed). Nothing else stops: its pilots are still followed and released.
+  fixed). Nothing else stops: its pilots are still followed and released. A refused
+  account of an allocation's pilot stops only that allocation, not the site
+  (`provisioner.decide.answers`).
 - `Transient` or `Unreachable` (busy controller, timeout, rate limit) and any other
   refusal: the site's sbatch is *backed off*, ``base_s * 2**(n-1)`` up to `max_s`.
 

@@ -12,12 +12,16 @@ site):
 2. `fill_existing` (`provisioner.decide.capacity`): rows into capacity that exists: free
    resources of BUSY then IDLE pilots that can still take work, then the whole shape of
    STARTING and PENDING pilots.
-3. `fill_new`: what is left into new pilots, each site limited by its caps and the global
-   per-cycle cap; real demand at every site first, then the reserve. New pilots are sized
+3. `fill_new` (`provisioner.decide.newpilots`): what is left into new pilots, each site
+   limited by its caps and the global per-cycle cap; real demand at every site first,
+   then the reserve. New pilots are sized
    down to what they hold (between min_cpus and cpus), or take the site's whole shape
    where its pilots, not its cores, are scarce (`provisioner.decide.sizing`).
 4. `submissions`: one `Submit` per site and pilot size, and the per-site summary.
 5. `pilot_actions` (`provisioner.decide.scaledown`): flag, unflag, release, cancel, retire.
+
+Where some site has allocations, the cycle goes to `provisioner.decide.group_plan`: the
+same stages, a site with allocations split into one lane per allocation.
 
 Existing and new capacity share one packing index (`provisioner.decide.packing.CapacityIndex`).
 If the pool is unknown nothing happens; at an unknown site nothing happens, but its

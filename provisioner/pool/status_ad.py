@@ -19,7 +19,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from provisioner.decide.explain import Report, ShapeEntry
+from provisioner.decide.explain import GroupEntry, Report, ShapeEntry
 from provisioner.decide.reasons import Reason, Why
 
 log = logging.getLogger(__name__)
@@ -53,10 +53,12 @@ def to_ad(report: Report) -> dict[str, Any]:
             "ProvisionerId": report.provisioner_id, "WrittenAt": int(report.written_at),
             "CycleSeconds": float(report.cycle_s), "PoolKnown": report.pool_known,
             "ShapesLeftOut": report.left_out, "ClassAdLifetime": LIFETIME_S,
-            "Shapes": shapes}
+            "Shapes": shapes,
+            "Groups": [{"AcctGroup": g.group, "Waiting": g.jobs, **_why_ad("", g.why)}
+                       for g in report.groups]}
 
 
-_FIXED = {"Key", "Idle", "Unplaced"}
+_FIXED = {"Key", "Idle", "Unplaced", "AcctGroup", "Waiting"}
 
 
 def _why_of(ad: Mapping[str, Any], prefix: str) -> Why | None:
@@ -87,9 +89,21 @@ def from_ad(ad: Mapping[str, Any]) -> Report | None:
         return Report(str(ad.get("ProvisionerId", ad.get("Name", ""))),
                       float(ad["WrittenAt"]), float(ad.get("CycleSeconds", 0.0)),
                       bool(ad.get("PoolKnown", True)), tuple(shapes),
-                      int(ad.get("ShapesLeftOut", 0)))
+                      int(ad.get("ShapesLeftOut", 0)), _groups_of(ad.get("Groups") or []))
     except (KeyError, TypeError, ValueError):
         return None
+
+
+def _groups_of(ads: Iterable[Any]) -> tuple[GroupEntry, ...]:
+    """The groups' entries `to_ad` wrote (where sites have allocations); entries it
+    cannot read are skipped."""
+    out = []
+    for g in ads:
+        g = {str(k): v for k, v in dict(g).items()}
+        why = _why_of(g, "")
+        if why is not None and "AcctGroup" in g:
+            out.append(GroupEntry(str(g["AcctGroup"]), int(g.get("Waiting", 0)), why))
+    return tuple(out)
 
 
 def advertise(htcondor: Any, collector: str | None, report: Report) -> None:

@@ -25,6 +25,7 @@ import re
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from provisioner.decide.explain import Report, shape_key
@@ -93,31 +94,48 @@ def from_job(job: JobFacts, mine: bool) -> Why | None:
     return None
 
 
-def pick(reports: Sequence[Report], key: str) -> tuple[Report | None, Any]:
-    """The freshest report that has the shape `key` (and its entry), else the freshest."""
+def pick(reports: Sequence[Report], key: str | Sequence[str]) -> tuple[Report | None, Any]:
+    """The freshest report that has the shape `key` (or the first of several keys that
+    it has) and its entry, else the freshest."""
+    keys = [key] if isinstance(key, str) else list(key)
     ordered = sorted(reports, key=lambda r: -r.written_at)
     for r in ordered:
-        e = r.entry(key)
-        if e is not None:
-            return r, e
+        for k in keys:
+            e = r.entry(k)
+            if e is not None:
+                return r, e
     return (ordered[0] if ordered else None), None
+
+
+def shape_keys(job: JobFacts) -> list[str]:
+    """The keys the service may have given the job's shape: with its accounting group
+    (where sites have allocations, the service tells shapes apart by group) and
+    without (where none has)."""
+    grouped = replace(job.shape, group=job.group)
+    plain = replace(job.shape, group="")
+    return list(dict.fromkeys([shape_key(grouped), shape_key(plain)]))
 
 
 def answer(job: JobFacts, reports: Sequence[Report], now: float, me: str,
            clock: Any = None) -> dict[str, Any]:
     """One job's answer, as data: the `--json` object; its "text" as printed."""
     mine = job.owner == me
-    key = shape_key(job.shape)
+    keys = shape_keys(job)
+    key = keys[0]
     why, then, report = from_job(job, mine), None, None
     unplaced = 0
     if why is None:
-        report, entry = pick(reports, key)
+        report, entry = pick(reports, keys)
+        group = report.group(job.group) if report is not None else None
         if report is None:
             why = Why(Reason.NO_REPORT)
         elif entry is not None:
             why, then, unplaced = entry.why, entry.then, entry.unplaced
+            key = entry.key
         elif not report.pool_known:
             why = Why(Reason.POOL_UNKNOWN)
+        elif group is not None:  # a shape not seen yet, of a group that waits
+            why = group.why
         else:
             why = Why(Reason.NOT_SEEN, {"newer": job.qdate >= report.written_at,
                                         "cycle_at": report.written_at})
