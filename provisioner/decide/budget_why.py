@@ -21,6 +21,7 @@ from provisioner.decide.budget import Budget, BudgetStatus
 from provisioner.decide.groups import EPS, Lane, Lanes
 from provisioner.decide.matching import Row
 from provisioner.decide.reasons import Reason, Why
+from provisioner.model import JobShape
 
 #: The budget states in which an allocation takes no pilot whatever it has left.
 CLOSED = (BudgetStatus.STOPPED, BudgetStatus.UNKNOWN, BudgetStatus.NOT_STARTED,
@@ -40,6 +41,8 @@ class GroupWait:
     group: str
     jobs: int
     why: Why
+    #: the job shapes it covers (those of its jobs that wait for this reason)
+    shapes: tuple[JobShape, ...] = ()
 
 
 def paced_until(b: Budget, already: float, cost: float) -> float | None:
@@ -130,10 +133,13 @@ def group_waits(rows: Iterable[Row], unserved: Iterable[Row], lanes: Lanes,
     for those no allocation serves and one for those its budgets hold back."""
     out: list[GroupWait] = []
     jobs: dict[str, int] = {}
+    shapes: dict[str, list[JobShape]] = {}
     for row in unserved:
         jobs[row.shape.group] = jobs.get(row.shape.group, 0) + row.jobs
-    out += [GroupWait(g, n, unserved_why(g, config)) for g, n in jobs.items()]
-    jobs = {}
+        shapes.setdefault(row.shape.group, []).append(row.shape)
+    out += [GroupWait(g, n, unserved_why(g, config), tuple(shapes[g]))
+            for g, n in jobs.items()]
+    jobs, shapes = {}, {}
     stops: dict[str, dict[str, str]] = {}
     needs: dict[str, dict[str, float]] = {}
     for row in rows:
@@ -144,6 +150,7 @@ def group_waits(rows: Iterable[Row], unserved: Iterable[Row], lanes: Lanes,
             continue  # some lane could pay for a pilot: the site's caps stopped it
         group = row.shape.group
         jobs[group] = jobs.get(group, 0) + row.left
+        shapes.setdefault(group, []).append(row.shape)
         stops.setdefault(group, {}).update(here)
         need = needs.setdefault(group, {})
         for k in row.sites:
@@ -152,5 +159,6 @@ def group_waits(rows: Iterable[Row], unserved: Iterable[Row], lanes: Lanes,
     for group, here in stops.items():
         ordered = dict(sorted(here.items(), key=lambda kv: _ORDER.index(kv[1])))
         out.append(GroupWait(group, jobs[group],
-                             _budget_why(group, ordered, lanes, needs[group])))
+                             _budget_why(group, ordered, lanes, needs[group]),
+                             tuple(shapes[group])))
     return tuple(sorted(out, key=lambda w: (w.group, w.why.reason.value)))

@@ -341,10 +341,8 @@ class Controller(SubmitAnswers):
                 self.transitions += [line for line in self.limits.observe(
                     site, len(here), limited, now, started) if line]
             self.noclaim.observe(snapshot, self.config, now)
-        in_flight: dict[str, int] = {}
-        for p in seen:
-            if p.state in (PilotState.PENDING, PilotState.STARTING):
-                in_flight[p.site] = in_flight.get(p.site, 0) + 1
+        in_flight = dict(Counter(p.site for p in seen
+                                 if p.state in (PilotState.PENDING, PilotState.STARTING)))
         drained = {p.key: self.memory.drained_cycles.get(p.key, 0) for p in snapshot.pilots
                    if drained_empty(p) and p.key not in self.releases}
         window, left = 0.0, None

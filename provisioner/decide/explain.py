@@ -228,7 +228,7 @@ def explain(snapshot: Snapshot, plan: Plan, config: Config, now: float,
         unserved = groups.unserved(r) if groups is not None else None
         stop = None
         if left:
-            budget = groups.waits.get(r.shape.group) if groups is not None else None
+            budget = groups.waits.get(r.shape) if groups is not None else None
             stop = budget or _stopped(r.sites, capped, words)
         mine = groups.pilots(pilots, r.shape.group) if groups is not None else pilots
         way = on_its_way(r.item, r.sites, mine, words) if left < r.jobs else None
@@ -258,8 +258,9 @@ class Groups:
             for a in s.allocations:
                 for g in a.groups:
                     self.accounts.setdefault(g, set()).add((s.name, a.account))
-        self.waits = {w.group: w.why for w in plan.group_waits
-                      if w.why.reason is not Reason.GROUP_UNSERVED}
+        #: shape -> why its jobs wait for their group's budgets
+        self.waits = {shape: w.why for w in plan.group_waits
+                      if w.why.reason is not Reason.GROUP_UNSERVED for shape in w.shapes}
 
     def unserved(self, row: Row) -> Why | None:
         """Why no pilot serves the row's group at the sites that fit it (None: some

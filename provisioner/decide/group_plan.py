@@ -91,8 +91,11 @@ class _Placed:
 
 def plan_groups(snapshot: Snapshot, memory: CycleMemory, config: Config, now: float
                 ) -> GroupPlan:
-    """`plan()` with allocations as lanes (see the module's docstring); the pool is
-    known."""
+    """`plan()` with allocations as lanes (see the module's docstring). The pool not
+    read: no action, the budgets only."""
+    if not snapshot.pool_known:
+        books = budgets(config, snapshot, now, memory.stopped_allocations)
+        return GroupPlan(actions=(), budgets=tuple(books.values()))
     states = by_state(snapshot.pilots)
     placed, order = _place(snapshot, memory, config, now, states)
     lanes, rows, ghosts = placed.lanes, placed.rows, placed.ghosts

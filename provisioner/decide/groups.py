@@ -273,6 +273,8 @@ def lane_costs(costs: Mapping[str, float], lanes: Lanes) -> dict[str, float]:
         b = lane.budget.budget
         per_day = pilot_rate(b.unit, p.cpus, p.gpus) * 24
         sustained = b.per_day_left / per_day if per_day > 0 else math.inf
+        if lane.budget.allowance <= EPS:
+            sustained = 0.0  # takes nothing now (spent, paced, ended, ...): never first
         factor = 1.0 + 1.0 / sustained if sustained > 0 else math.inf
         out[key] = costs[lane.site.name] * factor
     return out

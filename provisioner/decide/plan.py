@@ -115,10 +115,10 @@ def plan(snapshot: Snapshot, memory: CycleMemory, config: Config, now: float) ->
 
 def _plan(snapshot: Snapshot, memory: CycleMemory, config: Config, now: float) -> Plan:
     """`plan`, with the collector paused."""
-    if not snapshot.pool_known:
-        return Plan(actions=())
     if config.groups_in_use:  # sites with allocations: lanes (none of it runs otherwise)
         return plan_groups(snapshot, memory, config, now)
+    if not snapshot.pool_known:
+        return Plan(actions=())
     states = by_state(snapshot.pilots)  # several stages read only some states
     pending = states[PilotState.PENDING]
     leads = site_leads(snapshot, memory, config, now, pending)

@@ -212,6 +212,24 @@ def _paused(w: Why, now: float, clock: Clock) -> str:
             f"{duration(float(until) - now)})")
 
 
+def _group_texts(w: Why, now: float, clock: Clock) -> dict[Reason, Callable[[], str]]:
+    """The words of the reasons of a group's allocations (`sentence`'s table)."""
+    group = w.get("group", "?")
+    return {
+        Reason.GROUP_UNSERVED: lambda: _unserved(w),
+        Reason.GROUP_SPENT: lambda: (f"the allocations of group {group} are spent "
+                                     f"({w.get('budgets', '')}); its jobs wait for the "
+                                     "next period or a larger grant"),
+        Reason.GROUP_CLOSED: lambda: (f"the allocations of group {group} take no new "
+                                      f"pilot ({w.get('budgets', '')})"),
+        Reason.GROUP_PACED: lambda: _paced(w, now, clock),
+        Reason.GROUP_MAX_PILOTS: lambda: (f"group {group}'s allocation "
+                                          f"{w.get('allocation', '?')} holds as many pilots "
+                                          f"as it may (max_pilots {w.get('max_pilots', '?')})"
+                                          "; waiting for one of them to end"),
+    }
+
+
 def _unserved(w: Why) -> str:
     group, groups = str(w.get("group", "")), w.get("groups", "")
     known = f"configured groups: {groups}" if groups else "no group is configured"
@@ -293,17 +311,7 @@ def sentence(w: Why, now: float, clock: Clock = utc_clock) -> str:
         Reason.WAITING: lambda: ("no pilot is on its way for it yet; the provisioner "
                                  "decides at its next cycle"),
         Reason.DONE: lambda: _done(str(w.get("state", "done"))),
-        Reason.GROUP_UNSERVED: lambda: _unserved(w),
-        Reason.GROUP_SPENT: lambda: (f"the allocations of group {w.get('group', '?')} are "
-                                     f"spent ({w.get('budgets', '')}); its jobs wait for "
-                                     "the next period or a larger grant"),
-        Reason.GROUP_CLOSED: lambda: (f"the allocations of group {w.get('group', '?')} take "
-                                      f"no new pilot ({w.get('budgets', '')})"),
-        Reason.GROUP_PACED: lambda: _paced(w, now, clock),
-        Reason.GROUP_MAX_PILOTS: lambda: (f"group {w.get('group', '?')}'s allocation "
-                                          f"{w.get('allocation', '?')} holds as many pilots "
-                                          f"as it may (max_pilots {w.get('max_pilots', '?')})"
-                                          "; waiting for one of them to end"),
+        **_group_texts(w, now, clock),
     }
     text = texts[r]()
     also = w.get("also")

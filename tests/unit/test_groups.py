@@ -225,3 +225,11 @@ def test_the_reserve_is_held_per_group_on_its_lanes() -> None:
     # arrivals of a group no allocation serves hold no reserve
     none = plan(gsnap(arrivals=[(job(1, "group_x"), 60)], spent=spent), memory(), cfg, NOW)
     assert none.submits == ()
+
+
+def test_an_unread_pool_decides_nothing_but_gives_the_budgets() -> None:
+    cfg = groups_config(gsi(alloc()))
+    snapshot = replace(gsnap([(job(4), 8)], spent={("gsi", "alloc-a"): 10.0}),
+                       pool_known=False)
+    result = plan(snapshot, CycleMemory(), cfg, NOW)
+    assert result.actions == () and [b.spent for b in result.budgets] == [10.0]
