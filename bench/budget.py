@@ -94,12 +94,12 @@ def pacing(runs: list[BudgetRun]) -> str:
         for key, p in paces(r).items():
             a = r.grants[key].alloc
             even = a.pace == "even"
+            measured = (f"{p.run_ahead:.2f} % | {p.lag:.2f} % | {p.demand_hours} of "
+                        f"{p.hours} | {p.demand_lag:.2f} % | {p.error:.2f} % |"
+                        if even else "- | - | - | - | - |")  # asap follows no line
             lines.append(
                 f"| {r.variant} | {r.seed} | {key[0]}/{key[1]} | {a.pace} | {a.amount:.0f} | "
-                f"{used(r.series[key], a.amount):.1f} % | {p.run_ahead:.2f} % | "
-                f"{p.lag:.2f} % | " + (f"{p.demand_hours} of {p.hours} | "
-                                       f"{p.demand_lag:.2f} % | {p.error:.2f} % |"
-                                       if even else "- | - | - |"))
+                f"{used(r.series[key], a.amount):.1f} % | " + measured)
     return "\n".join(lines)
 
 
@@ -165,8 +165,10 @@ def burndown(run: BudgetRun, path: Path) -> Path | None:
         ax.plot(days, [ideal(p, a.amount) for p in pts], "--", label="ideal even line")
         ax.axhline(a.amount, color="tab:red", linewidth=1, label="amount")
         m = measured[key]
-        ax.set_title(f"{key[0]}/{key[1]} ({a.pace}): used {used(run.series[key], a.amount):.1f} %"
-                     f", run-ahead {m.run_ahead:.1f} %, lag {m.lag:.1f} %", fontsize=9)
+        title = f"{key[0]}/{key[1]} ({a.pace}): used {used(run.series[key], a.amount):.1f} %"
+        if a.pace == "even":
+            title += f", run-ahead {m.run_ahead:.1f} %, lag {m.lag:.1f} %"
+        ax.set_title(title, fontsize=9)
         ax.set_xlabel("day")
         ax.set_ylabel("core-h")
         ax.legend(fontsize=7, loc="upper left")
