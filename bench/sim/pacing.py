@@ -32,6 +32,7 @@ class Pace:
     lag: float  # max (ideal - spent), 0 if never below
     demand_lag: float  # max (ideal - spent) in demand hours
     error: float  # max |spent - ideal| in demand hours (0 without any)
+    worst_hour: int = 0  # the hour of the period where `error` was (0: none)
 
 
 def ideal(point: Point, amount: float) -> float:
@@ -59,7 +60,7 @@ def pace(points: Sequence[Point], amount: float,
     """`points`: the allocation's burn-down (time order); `idle`: its group's idle jobs
     at each sample (time order)."""
     ahead = lag = demand_lag = error = 0.0
-    hours = demand_hours = 0
+    hours = demand_hours = worst = 0
     for p in hourly(points):
         dev = 100.0 * (p.spent - ideal(p, amount)) / amount
         hours += 1
@@ -67,8 +68,9 @@ def pace(points: Sequence[Point], amount: float,
         if waited_throughout(idle, p.t - HOUR, p.t):
             demand_hours += 1
             demand_lag = max(demand_lag, -dev)
-            error = max(error, abs(dev))
-    return Pace(hours, demand_hours, ahead, lag, demand_lag, error)
+            if abs(dev) > error:
+                error, worst = abs(dev), hours
+    return Pace(hours, demand_hours, ahead, lag, demand_lag, error, worst)
 
 
 def used(points: Sequence[Point], amount: float) -> float:

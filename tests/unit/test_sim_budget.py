@@ -198,6 +198,7 @@ def test_run_ahead_and_lag_are_apart_and_lag_without_demand_is_not_an_error() ->
     p = pace(points, 100, idle)
     assert round(p.run_ahead, 6) == 4 and round(p.lag, 6) == 9
     assert p.demand_hours == 8 and round(p.error, 6) == 4 and p.demand_lag == 0
+    assert p.worst_hour == 3
 
 
 def test_waited_throughout() -> None:
