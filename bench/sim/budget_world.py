@@ -68,8 +68,8 @@ def analysis_jobs(seed: int, duration: float, rate_per_h: float = 7.5) -> list[J
     while t < duration:
         times.append(t)
         t += rng.expovariate(rate_per_h / HOUR)
-    jobs = _jobs(times, rng, lambda r: (4, 4 * r.choice((1500, 2000, 2500))), RUNTIMES)
-    return [replace(j, shape=replace(j.shape, group="analysis")) for j in jobs]
+    return _jobs(times, rng, lambda r: (4, 4 * r.choice((1500, 2000, 2500))), RUNTIMES,
+                 group="analysis")
 
 
 def campaign_jobs(seed: int, duration: float, burst_jobs: int = 300,
@@ -83,9 +83,8 @@ def campaign_jobs(seed: int, duration: float, burst_jobs: int = 300,
         n = int(burst_jobs * rng.uniform(0.6, 1.4))
         times.extend(start + rng.uniform(0, 600.0) for _ in range(n))
         start += every * rng.uniform(0.8, 1.2)
-    jobs = _jobs([t for t in times if t < duration], rng,
-                 lambda r: (8, 8 * r.choice((1500, 2000, 2500))), RUNTIMES)
-    return [replace(j, shape=replace(j.shape, group="campaign")) for j in jobs]
+    return _jobs([t for t in times if t < duration], rng,
+                 lambda r: (8, 8 * r.choice((1500, 2000, 2500))), RUNTIMES, group="campaign")
 
 
 def workload(seed: int, days: float, groups: tuple[str, ...] = GROUPS) -> list[JobSpec]:

@@ -60,6 +60,13 @@ class SimJob:
     end: float | None = None
     pilot: SimPilot | None = None
     kills: int = 0  # times killed at a pilot's walltime (then requeued)
+    #: What a pilot's match depends on (jobs alike match alike): cores, rounded memory,
+    #: stated runtime, GPUs, accounting group.
+    sig: tuple[int, int, int | None, int, str] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        s = self.spec.shape
+        self.sig = (s.cpus, round_memory(s.memory_mb), s.runtime_s, s.gpus, s.group)
 
     @property
     def shape(self) -> JobShape:

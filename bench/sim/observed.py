@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import replace
 
 from bench.sim.accounts import Accounts
@@ -70,6 +71,17 @@ class Observed:
             out = self._ungrouped[shape] = replace(shape, group="")
         return out
 
+    def _count(self, jobs: Iterable[SimJob]) -> Counter[JobShape]:
+        """The jobs' shapes as the service reads them (`seen`), counted, in the order
+        first seen; jobs that share a shape object are counted by its identity (cheap)."""
+        shapes = [j.spec.shape for j in jobs]
+        by_id = Counter(map(id, shapes))
+        shape_of = dict(zip(map(id, shapes), shapes, strict=True))
+        out: Counter[JobShape] = Counter()
+        for key, n in by_id.items():
+            out[self.seen(shape_of[key])] += n
+        return out
+
     def idle_jobs(self) -> int:
         return len(self.queue) + len(self.unmatchable)
 
@@ -78,8 +90,7 @@ class Observed:
         are still in the queue (idle, running or unmatchable; finished jobs have left it),
         grouped by shape."""
         first = bisect_left(self._submit_times, self.now - window_s)
-        shapes: Counter[JobShape] = Counter(
-            self.seen(j.shape) for j in self.jobs[first:] if j.end is None)
+        shapes = self._count(j for j in self.jobs[first:] if j.end is None)
         return tuple(Demand(s, n) for s, n in shapes.items())
 
     def queue_size(self, since: float) -> tuple[int, int]:
@@ -92,8 +103,8 @@ class Observed:
     def snapshot(self, arrivals_since: float | None = None) -> Snapshot:
         """What the service observes: idle demand, pilots, every site known, and the jobs
         submitted since `arrivals_since` still in the queue (None: not asked for)."""
-        shapes: Counter[JobShape] = Counter(self.seen(j.shape) for j in self.queue)
-        shapes.update(self.seen(j.shape) for j in self.unmatchable)
+        shapes = self._count(self.queue)
+        shapes.update(self._count(self.unmatchable))
         return Snapshot(
             demand=tuple(Demand(s, n) for s, n in shapes.items()),
             pilots=tuple(self.model_pilot(p) for p in self.pilots.values()),

@@ -317,13 +317,11 @@ class World(Observed):
         avail.sort(key=lambda p: (p.cpus - p.used_cpus, -(p.walltime_end or 0), p.id))
         failed: set[tuple[int, int, int | None, int, str]] = set()
         left: list[SimJob] = []
-        min_free = 0
         for job in self.queue:
-            s = job.shape
-            sig = (s.cpus, round_memory(s.memory_mb), s.runtime_s, s.gpus, s.group)
-            if sig in failed or s.cpus < min_free:
+            if job.sig in failed:  # a job like it found no pilot this cycle
                 left.append(job)
                 continue
+            s = job.spec.shape
             for p in avail:
                 if p.can_start(job, self.now):
                     job.start = self.now
@@ -337,7 +335,7 @@ class World(Observed):
                     self._at(self.now + job.spec.runtime, "job_end", job)
                     break
             else:
-                failed.add(sig)
+                failed.add(job.sig)
                 left.append(job)
         self.queue = left
 
