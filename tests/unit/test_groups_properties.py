@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from provisioner.config import AllocationConfig, Config
@@ -39,12 +39,14 @@ SITES = ("a", "b", "c")
 Budgeted = tuple[Snapshot, CycleMemory, Config]
 
 
+# (hypothesis draws the first of sampled values and the least integers most: the common
+# case comes first)
 @st.composite
 def allocations(draw: st.DrawFn, site_name: str, gpus: int) -> tuple[AllocationConfig, ...]:
     out = []
     for i in range(draw(st.integers(1, 3))):
         units = ["core-hours", "node-hours"] + (["gpu-hours"] if gpus else [])
-        period = draw(st.sampled_from(("monthly", "quarterly",
+        period = draw(st.sampled_from(("monthly", "monthly", "monthly", "quarterly", "quarterly",
                                        {"start": "2026-12-01", "end": "2026-12-11"},
                                        {"start": "2026-11-01", "end": "2026-12-01"},
                                        {"start": "2027-01-01", "end": "2027-02-01"})))
@@ -52,9 +54,9 @@ def allocations(draw: st.DrawFn, site_name: str, gpus: int) -> tuple[AllocationC
             f"{site_name}-{i}", draw(st.lists(st.sampled_from(GROUPS), min_size=1,
                                               max_size=2, unique=True)),
             unit=draw(st.sampled_from(units)),
-            amount=draw(st.sampled_from((5.0, 40.0, 300.0, 2000.0, 1e6))),
-            pace=draw(st.sampled_from(("asap", "even"))), period=period,
-            max_pilots=draw(st.sampled_from((None, None, 0, 1, 3)))))
+            amount=draw(st.sampled_from((2000.0, 300.0, 40.0, 5.0, 20_000.0, 1e6))),
+            pace=draw(st.sampled_from(("asap", "asap", "even"))), period=period,
+            max_pilots=draw(st.sampled_from((None, None, None, 0, 1, 3)))))
     return tuple(out)
 
 
@@ -65,14 +67,16 @@ def budgeted_scenarios(draw: st.DrawFn) -> Budgeted:
         cpus = draw(st.integers(1, 16))
         gpus = draw(st.sampled_from((0, 0, 2)))
         s = site(name, cpus=cpus, min_cpus=draw(st.integers(1, cpus)),
-                 memory_mb=cpus * 2000, walltime_s=draw(st.sampled_from((3600, 7200, 86400))),
-                 weight=1.0 + i * 0.01, max_pilots=draw(st.integers(0, 12)),
-                 max_pending=draw(st.integers(0, 8)), max_submit=draw(st.integers(0, 8)))
+                 memory_mb=cpus * 2000,
+                 walltime_s=draw(st.sampled_from((3600, 3600, 7200, 86400))),
+                 weight=1.0 + i * 0.01, max_pilots=draw(st.sampled_from((40, 12, 4, 0))),
+                 max_pending=draw(st.sampled_from((40, 8, 3, 0))),
+                 max_submit=draw(st.sampled_from((40, 8, 2, 0))))
         s = s.model_copy(update={"pilot": s.pilot.model_copy(update={"gpus": gpus})})
-        if i < 2 or draw(st.booleans()):  # at least two sites with allocations
+        if i < 2 or draw(st.integers(0, 3)) < 3:  # at least two sites with allocations
             s = budgeted(s, *draw(allocations(name, gpus)))
         sites.append(s)
-    cfg = groups_config(*sites, max_submit=draw(st.integers(0, 20)))
+    cfg = groups_config(*sites, max_submit=draw(st.sampled_from((60, 20, 5, 0))))
     accounts = {s.name: [a.account for a in s.allocations] + ["stray", ""] for s in sites}
     pilots = []
     for i in range(draw(st.integers(0, 10))):
@@ -90,7 +94,7 @@ def budgeted_scenarios(draw: st.DrawFn) -> Budgeted:
     books = []
     for s in sites:
         for a in s.allocations:
-            spent = draw(st.sampled_from((0.0, 0.3, 0.9, 0.999, 1.1, None)))
+            spent = draw(st.sampled_from((0.0, 0.0, 0.0, 0.1, 0.3, 0.9, 0.999, 1.1, None)))
             if spent is not None or draw(st.booleans()):  # absent: unknown too
                 books.append(AllocationBooks(s.name, a.name, (spent or 0) * a.amount,
                                              known=spent is not None))
@@ -98,13 +102,14 @@ def budgeted_scenarios(draw: st.DrawFn) -> Budgeted:
                        gpus=st.sampled_from((0, 0, 1)),
                        group=st.sampled_from((*GROUPS, "", "gx")))
     demand = draw(st.lists(st.builds(Demand, shape=shapes, idle=st.integers(1, 40)),
-                           max_size=6))
+                           min_size=1, max_size=8))
     arrivals = draw(st.lists(st.builds(Demand, shape=shapes, idle=st.integers(0, 50)),
                              max_size=3))
     stopped = {(s.name, a.name): "stopped: SLURM refused its account" for s in sites
-               for a in s.allocations if draw(st.integers(0, 5)) == 0}
+               for a in s.allocations if draw(st.integers(0, 9)) == 9}
     snap = Snapshot(demand=tuple(demand), pilots=tuple(pilots),
-                    sites=tuple(SiteView(n, draw(st.booleans()) or n == "a") for n in SITES),
+                    sites=tuple(SiteView(n, draw(st.integers(0, 4)) < 4 or n == "a")
+                                for n in SITES),
                     recent_arrivals=tuple(arrivals), books=tuple(books))
     memory = CycleMemory(arrival_window_s=draw(st.sampled_from((0.0, 900.0))),
                          stopped_allocations=stopped)
@@ -115,7 +120,7 @@ CLOSED = (BudgetStatus.STOPPED, BudgetStatus.UNKNOWN, BudgetStatus.NOT_STARTED,
           BudgetStatus.ENDED)
 
 
-@SETTINGS
+@settings(parent=SETTINGS, max_examples=300)
 @given(budgeted_scenarios())
 def test_no_allocation_is_committed_past_its_allowance(sc: Budgeted) -> None:
     snap, memory, cfg = sc
