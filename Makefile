@@ -7,7 +7,7 @@ TESTBED := deploy/testbed/testbed
 # Run pytest, treating "no tests collected" (exit 5) as the failure it is.
 PYTEST_STRICT = rc=0; $(1) || rc=$$?; if [ $$rc -eq 5 ]; then echo "error: no tests collected by: $(1)" >&2; exit 1; fi; exit $$rc
 
-.PHONY: test test-fast unit integration integration-shard lint bench bench-overhead bench-report bench-scale bench-why bench-small demo campaign testbed testbed-status clean-testbed venv
+.PHONY: test test-fast unit integration integration-shard lint bench bench-budget bench-overhead bench-report bench-scale bench-why bench-small demo campaign testbed testbed-status clean-testbed venv
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -52,7 +52,16 @@ lint: venv
 
 bench: venv
 	$(VENV)/bin/python bench/run.py
+	$(VENV)/bin/python bench/budget.py $(BUDGET_FLAGS)
 	$(VENV)/bin/python bench/overhead.py
+
+# Allocations as budgets: a simulated month, two groups, six variants
+# (bench/results/budget.md and its burn-downs). --no-caps-cycles: while the decisions
+# count the jobs allocations hold back as left over by caps, a cycle at every quick
+# check would make the month take hours (docs/benchmarks.md, Allocations).
+BUDGET_FLAGS ?= --no-caps-cycles
+bench-budget: venv
+	$(VENV)/bin/python bench/budget.py $(BUDGET_FLAGS)
 
 # What the journal, accounting and metrics add to one cycle (20k jobs, 200 pilots; ~2 s).
 bench-overhead: venv

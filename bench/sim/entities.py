@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from bench.sim.traces import JobSpec
 from provisioner.config import SiteConfig
 from provisioner.decide.packing import fits_cpu_only, gpu_share
-from provisioner.model import JobShape, round_memory
+from provisioner.model import JobShape, Pilot, round_memory
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,11 @@ class SiteModel:
     #: A job-count limit (MaxJobs): the account runs at most this many pilot jobs; more
     #: are accepted and pend with SLURM's reason `AssocMaxJobsLimit` (None: no limit).
     job_limit: int | None = None
+    #: Faults: a running pilot dies (node failure, preemption) at this rate per hour
+    #: (exponential), its jobs back to the queue; this share of sbatch calls is refused
+    #: with a busy controller's words (0: none; drawn from the world's fault generator).
+    kill_per_h: float = 0.0
+    refuse_share: float = 0.0
 
     def submit_limit_at(self, t: float) -> int | None:
         """The submit limit in force at time `t`."""
@@ -55,6 +60,13 @@ class SimJob:
     end: float | None = None
     pilot: SimPilot | None = None
     kills: int = 0  # times killed at a pilot's walltime (then requeued)
+    #: What a pilot's match depends on (jobs alike match alike): cores, rounded memory,
+    #: stated runtime, GPUs, accounting group.
+    sig: tuple[int, int, int | None, int, str] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        s = self.spec.shape
+        self.sig = (s.cpus, round_memory(s.memory_mb), s.runtime_s, s.gpus, s.group)
 
     @property
     def shape(self) -> JobShape:
@@ -86,6 +98,14 @@ class SimPilot:
     idle_since: float | None = None  # booted and running nothing since (no-claim timer)
     noclaim_ended: bool = False  # ended by its no-claim shutdown
     limit_reason: str = ""  # pending at its site's job-count limit (SLURM's reason)
+    #: The SLURM account it is charged to and its allocation ("": the site has none);
+    #: at a site with allocations it starts only jobs of `groups` (its START).
+    account: str = ""
+    allocation: str = ""
+    groups: frozenset[str] | None = None  # None: any job
+    killed: bool = False  # died by a fault before its walltime
+    #: What `World.model_pilot` last made of it, and of what (its cache).
+    view: tuple[tuple[object, ...], Pilot] | None = field(default=None, repr=False)
 
     @property
     def key(self) -> str:
@@ -105,6 +125,8 @@ class SimPilot:
         if not self.booted or self.draining or self.ended_at is not None:
             return False
         s = job.shape
+        if self.groups is not None and s.group not in self.groups:
+            return False
         if s.cpus > self.cpus - self.used_cpus:
             return False
         if round_memory(s.memory_mb) > self.memory_mb - self.used_mem:

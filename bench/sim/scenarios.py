@@ -109,9 +109,12 @@ SCENARIOS: tuple[tuple[str, str], ...] = (
 )
 
 
-def default_config(sites: list[SiteModel], reserve: cf.ReserveConfig | None = None) -> cf.Config:
-    """The configuration `ours` runs with; the reserve is the default one unless given."""
+def default_config(sites: list[SiteModel], reserve: cf.ReserveConfig | None = None,
+                   journal: str = "") -> cf.Config:
+    """The configuration `ours` runs with; the reserve is the default one unless given.
+    Sites with allocations need a `journal` path (the simulator opens none)."""
     return cf.Config(
+        journal=journal,
         policy=cf.PolicyConfig(interval_s=300, quick_check_s=10, min_cycle_gap_s=5,
                                idle_release_cycles=1, max_submit_per_cycle=120,
                                reserve=reserve or cf.ReserveConfig()),

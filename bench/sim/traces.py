@@ -65,14 +65,21 @@ def rare_multicore(rng: random.Random) -> tuple[int, int]:
     return cpus, cpus * rng.choice((1000, 1800, 2500, 3500))
 
 
+def interned(shape: JobShape, seen: dict[JobShape, JobShape]) -> JobShape:
+    """One object per distinct shape (the simulator counts shapes by identity)."""
+    return seen.setdefault(shape, shape)
+
+
 def _jobs(
-    times: list[float], rng: random.Random, shapes: ShapeDraw, runtimes: RuntimeModel
+    times: list[float], rng: random.Random, shapes: ShapeDraw, runtimes: RuntimeModel,
+    group: str = "",
 ) -> list[JobSpec]:
-    out = []
+    out, seen = [], dict[JobShape, JobShape]()
     for i, t in enumerate(sorted(times)):
         cpus, mem = shapes(rng)
         true, stated = runtimes.draw(rng)
-        out.append(JobSpec(i, t, JobShape(cpus, mem, runtime_s=stated), true))
+        shape = interned(JobShape(cpus, mem, runtime_s=stated, group=group), seen)
+        out.append(JobSpec(i, t, shape, true))
     return out
 
 
@@ -80,7 +87,7 @@ def _gpu_jobs(times: list[float], rng: random.Random, gpu_share: float,
               runtimes: RuntimeModel) -> list[JobSpec]:
     """1-core CPU jobs, and a share `gpu_share` of GPU jobs: 1 GPU with 2 or 4 cores or 2
     GPUs with 8 cores, 4 GB per core."""
-    out = []
+    out, seen = [], dict[JobShape, JobShape]()
     for i, t in enumerate(sorted(times)):
         true, stated = runtimes.draw(rng)
         if rng.random() < gpu_share:
@@ -88,7 +95,7 @@ def _gpu_jobs(times: list[float], rng: random.Random, gpu_share: float,
             shape = JobShape(cpus, 4000 * cpus, gpus=gpus, runtime_s=stated)
         else:
             shape = JobShape(1, rng.choice((1500, 2000, 2000, 3000)), runtime_s=stated)
-        out.append(JobSpec(i, t, shape, true))
+        out.append(JobSpec(i, t, interned(shape, seen), true))
     return out
 
 

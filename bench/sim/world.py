@@ -21,6 +21,12 @@ for its site's `runtime.noclaim_shutdown_s` ends by itself (`STARTD_NOCLAIM_SHUT
 GPUs: a site's nodes have `gpus_per_node`; a pilot holds the GPUs it asked for, a job
 that asks for GPUs starts only where they are free, and one that asks for none only in
 the cores and memory beyond the free GPUs' share (the pilot's START).
+Allocations (`bench.sim.accounts`): a pilot submitted for an allocation is charged to its
+account and starts only jobs of its groups; the snapshot carries every allocation's books
+(SLURM's exact charge) and the jobs' accounting groups only where some site has
+allocations (`Config.groups_in_use`), as the service reads them. Faults (a site's
+`kill_per_h`, `refuse_share`) are drawn from a generator of their own, so a run without
+them draws exactly what it drew before.
 """
 
 from __future__ import annotations
@@ -28,12 +34,13 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from bisect import bisect_left, insort
-from collections import Counter
+from bisect import insort
 from collections.abc import Iterable
 from typing import Protocol
 
+from bench.sim.accounts import Accounts
 from bench.sim.entities import SimJob, SimPilot, SiteModel
+from bench.sim.observed import Observed
 from bench.sim.results import RunResult, Sample, summarize
 from bench.sim.traces import HOUR, JobSpec
 from provisioner.config import Config
@@ -41,19 +48,18 @@ from provisioner.errors import BackendError
 from provisioner.model import (
     Action,
     Cancel,
-    Demand,
     JobShape,
-    Pilot,
-    PilotState,
     Release,
     Retire,
-    SiteView,
-    Snapshot,
     Submit,
     Unretire,
     round_memory,
 )
 from provisioner.sites.slurm_refusals import classify_sbatch
+
+#: What a busy SLURM controller answers sbatch (a fault's refusal).
+BUSY = ("sbatch: error: Batch job submission failed: Socket timed out on send/recv "
+        "operation")
 
 
 class Policy(Protocol):
@@ -69,15 +75,22 @@ class Policy(Protocol):
     def tick(self, world: World, now: float) -> list[Action]: ...
 
 
-class World:
+class World(Observed):
     """The simulated sites and pool. Build one per run."""
 
     def __init__(self, sites: Iterable[SiteModel], config: Config, seed: int,
                  negotiate_s: float = 30.0, sample_s: float = 300.0,
-                 negotiate_min_s: float = 5.0) -> None:
+                 negotiate_min_s: float = 5.0, accounts: Accounts | None = None) -> None:
         self.sites = {s.name: s for s in sites}
         self.config = config
         self.rng = random.Random(seed)
+        self.faults = random.Random(seed + 7919)
+        self.pilots_killed = 0
+        #: The sites' allocations and their charges (None: no site has any).
+        self.accounts = accounts if accounts is not None else (
+            Accounts(config.sites) if config.groups_in_use else None)
+        self._groups = config.groups_in_use
+        self._ungrouped: dict[JobShape, JobShape] = {}
         self.negotiate_s = negotiate_s
         self.negotiate_min_s = negotiate_min_s  # NEGOTIATOR_MIN_INTERVAL
         self._negotiated_at = -math.inf
@@ -123,74 +136,6 @@ class World:
             for s in self.sites.values()
         )
 
-    # -- what a policy sees -----------------------------------------------------------------
-    def pilot_state(self, p: SimPilot) -> PilotState:
-        if p.started_at is None:
-            return PilotState.PENDING
-        if not p.booted:
-            return PilotState.STARTING
-        if p.draining:
-            return PilotState.DRAINING
-        return PilotState.BUSY if p.jobs else PilotState.IDLE
-
-    def model_pilot(self, p: SimPilot) -> Pilot:
-        state = self.pilot_state(p)
-        full = state in (PilotState.PENDING, PilotState.STARTING)
-        return Pilot(
-            site=p.site.name, job_id=str(p.id), state=state, cpus=p.cpus,
-            memory_mb=p.memory_mb, submitted_at=p.submitted_at, started_at=p.started_at,
-            walltime_end=p.walltime_end,
-            free_cpus=p.cpus if full else p.cpus - p.used_cpus,
-            free_memory_mb=p.memory_mb if full else p.memory_mb - p.used_mem,
-            gpus=p.gpus, free_gpus=p.gpus if full else p.gpus - p.used_gpus,
-            name=f"slot1@{p.key}" if p.booted else None,
-            # Its startd's DaemonStartTime, as the service reads it from the ad.
-            joined_at=p.started_at + p.site.boot_s if p.booted and p.started_at is not None
-            else None,
-            limit_reason=p.limit_reason if state is PilotState.PENDING else "",
-        )
-
-    def idle_jobs(self) -> int:
-        return len(self.queue) + len(self.unmatchable)
-
-    def recent_arrivals(self, window_s: float) -> tuple[Demand, ...]:
-        """What one schedd query gives the service: jobs with QDate >= now - window_s that
-        are still in the queue (idle, running or unmatchable; finished jobs have left it),
-        grouped by shape."""
-        first = bisect_left(self._submit_times, self.now - window_s)
-        shapes: Counter[JobShape] = Counter(
-            j.shape for j in self.jobs[first:] if j.end is None)
-        return tuple(Demand(s, n) for s, n in shapes.items())
-
-    def queue_size(self, since: float) -> tuple[int, int]:
-        """(jobs in the queue, of which submitted before `since`): what the service counts
-        in its schedd query (`provisioner.pool.condor.QueueView.total`/`older`)."""
-        first = bisect_left(self._submit_times, since)
-        older = sum(1 for j in self.jobs[:first] if j.end is None)
-        return older + sum(1 for j in self.jobs[first:] if j.end is None), older
-
-    def snapshot(self, arrivals_since: float | None = None) -> Snapshot:
-        """What the service observes: idle demand, pilots, every site known, and the jobs
-        submitted since `arrivals_since` still in the queue (None: not asked for)."""
-        shapes: Counter[JobShape] = Counter(j.shape for j in self.queue)
-        shapes.update(j.shape for j in self.unmatchable)
-        return Snapshot(
-            demand=tuple(Demand(s, n) for s, n in shapes.items()),
-            pilots=tuple(self.model_pilot(p) for p in self.pilots.values()),
-            sites=tuple(SiteView(name, True) for name in self.sites),
-            recent_arrivals=(self.recent_arrivals(self.now - arrivals_since)
-                             if arrivals_since is not None else ()),
-            last_arrival_at=self._newest_queued(),
-        )
-
-    def _newest_queued(self) -> float | None:
-        """The latest submission time of a job still in the queue (the service's newest
-        QDate), None for an empty queue."""
-        for job in reversed(self.jobs):
-            if job.end is None:
-                return job.spec.submit
-        return None
-
     # -- actions ------------------------------------------------------------------------------
     def sbatch(self, a: Submit) -> tuple[list[str], BackendError | None]:
         """Submit `a.count` pilots as sbatch would, stopping at the first refusal, which
@@ -209,11 +154,14 @@ class World:
                 text = ("sbatch: error: QOSMaxSubmitJobPerUserLimit\nsbatch: error: Batch "
                         "job submission failed: Job violates accounting/QOS policy (job "
                         "submit limit, user's size and/or time limits)")
+            elif site.refuse_share and self.faults.random() < site.refuse_share:
+                text = BUSY
             recent.append(self.now)
             if text:
                 self.sbatch_refused += 1
                 return ids, classify_sbatch(a.site, text)
-            ids.append(str(self.submit(a.site, a.cpus, a.memory_mb, a.walltime_s, a.gpus).id))
+            ids.append(str(self.submit(a.site, a.cpus, a.memory_mb, a.walltime_s, a.gpus,
+                                       a.allocation).id))
         return ids, None
 
     def apply(self, actions: Iterable[Action]) -> None:
@@ -232,10 +180,16 @@ class World:
                         self._end_pilot(p)
 
     def submit(self, site_name: str, cpus: int, memory_mb: int, walltime_s: float,
-               gpus: int = 0) -> SimPilot:
+               gpus: int = 0, allocation: str = "") -> SimPilot:
         site = self.sites[site_name]
         p = SimPilot(self._next_pilot, site, cpus, memory_mb, walltime_s, self.now, gpus=gpus)
         self._next_pilot += 1
+        if self.accounts is not None:
+            grant = self.accounts.grant_of(site_name, allocation)
+            if grant is not None:
+                p.allocation, p.account = allocation, grant.alloc.account
+                p.groups = frozenset(grant.alloc.groups)
+            self.accounts.submitted(p, self.now)
         self.pilots[p.id] = p
         self.all_pilots.append(p)
         self.pending[site_name].append(p)
@@ -252,6 +206,8 @@ class World:
             p.ended_at = self.now
             self.pending[p.site.name].remove(p)
             del self.pilots[p.id]
+            if self.accounts is not None:
+                self.accounts.ended(p, self.now)
             return
         p.draining = True
         if not p.jobs:
@@ -286,6 +242,10 @@ class World:
                              "crashed" if p.site.black_hole else "booted", p)
                     self._at(self.now + p.walltime_s, "walltime", p)
                     self._at(p.margin_at, "margin", p)
+                    if p.site.kill_per_h:
+                        dies = self.faults.expovariate(p.site.kill_per_h / HOUR)
+                        if dies < p.walltime_s:
+                            self._at(self.now + dies, "killed", p)
                     break
             else:
                 still.append(p)
@@ -305,6 +265,8 @@ class World:
         node[1] += p.memory_mb
         node[2] += p.gpus
         del self.pilots[p.id]
+        if self.accounts is not None:
+            self.accounts.ended(p, self.now)
         self._try_start(p.site.name)
 
     def _noclaim_s(self, p: SimPilot) -> float:
@@ -353,15 +315,13 @@ class World:
         if not avail or not self.queue:
             return
         avail.sort(key=lambda p: (p.cpus - p.used_cpus, -(p.walltime_end or 0), p.id))
-        failed: set[tuple[int, int, int | None, int]] = set()
+        failed: set[tuple[int, int, int | None, int, str]] = set()
         left: list[SimJob] = []
-        min_free = 0
         for job in self.queue:
-            s = job.shape
-            sig = (s.cpus, round_memory(s.memory_mb), s.runtime_s, s.gpus)
-            if sig in failed or s.cpus < min_free:
+            if job.sig in failed:  # a job like it found no pilot this cycle
                 left.append(job)
                 continue
+            s = job.spec.shape
             for p in avail:
                 if p.can_start(job, self.now):
                     job.start = self.now
@@ -375,7 +335,7 @@ class World:
                     self._at(self.now + job.spec.runtime, "job_end", job)
                     break
             else:
-                failed.add(sig)
+                failed.add(job.sig)
                 left.append(job)
         self.queue = left
 
@@ -447,6 +407,12 @@ class World:
             elif kind == "walltime":
                 assert isinstance(payload, SimPilot)
                 self._end_pilot(payload)
+            elif kind == "killed":
+                assert isinstance(payload, SimPilot)
+                if payload.ended_at is None:
+                    payload.killed = True
+                    self.pilots_killed += 1
+                    self._end_pilot(payload)
             elif kind == "negotiate":
                 self.negotiate()
                 self._at(t + self.negotiate_s, "negotiate")
@@ -466,6 +432,8 @@ class World:
         return summarize(self, policy.name, trace_name)
 
     def _sample(self) -> None:
+        if self.accounts is not None:
+            self.accounts.sample(self.now)
         running = [p for p in self.pilots.values() if p.started_at is not None]
         self.timeline.append(Sample(
             t=self.now, idle_jobs=len(self.queue),
