@@ -56,10 +56,9 @@ bench: venv
 	$(VENV)/bin/python bench/overhead.py
 
 # Allocations as budgets: a simulated month, two groups, six variants
-# (bench/results/budget.md and its burn-downs). --no-caps-cycles: while the decisions
-# count the jobs allocations hold back as left over by caps, a cycle at every quick
-# check would make the month take hours (docs/benchmarks.md, Allocations).
-BUDGET_FLAGS ?= --no-caps-cycles
+# (bench/results/budget.md and its burn-downs). BUDGET_FLAGS: more options of
+# bench/budget.py, e.g. --days 6 for a quick look (docs/benchmarks.md, Allocations).
+BUDGET_FLAGS ?=
 bench-budget: venv
 	$(VENV)/bin/python bench/budget.py $(BUDGET_FLAGS)
 

@@ -60,11 +60,10 @@ def worst_case_off() -> None:
 
 
 def no_cycles_for_held_jobs() -> None:
-    """A stand-in (`--no-caps-cycles`): no full cycle for "demand left over by caps"
-    between intervals. While plan() counts the jobs its allocations hold back (paced,
-    spent) as left over by caps, the controller runs a full cycle at every quick check
-    for as long as a group is held back: hours of simulation for a month, and the same
-    outcomes within a few tenths of a point (see bench/results/2026-12-01-issue38.md)."""
+    """`--no-caps-cycles`, for comparison: no full cycle for "demand left over by caps"
+    between intervals. plan() leaves the jobs its allocations hold back (paced, spent)
+    out of what caps hold back, so this now drops only the cycles real caps ask for
+    (bench/results/2026-12-01-issue38.md compares the two)."""
     from provisioner.decide import cadence, controller
 
     due = cadence.cycle_due
