@@ -26,6 +26,7 @@ from provisioner.decide.packing import (
     Item,
     NewPilots,
 )
+from provisioner.decide.placement import costs_of, site_leads
 from provisioner.decide.sizing import bound_sizes
 from provisioner.model import (
     Cap,
@@ -283,3 +284,26 @@ _SITE = attrgetter("site")
 _WALLTIME_END = attrgetter("walltime_end")
 _MAX_CPUS = attrgetter("max_cpus")
 _MAX_MEM = attrgetter("max_mem")
+
+
+@dataclass(frozen=True)
+class Ordered:
+    """The sites of a cycle in placement order: each one's lead time and cost, and its
+    `SiteRow`, cheapest first (ties in configuration order)."""
+
+    leads: dict[str, float]
+    costs: dict[str, float]
+    order: tuple[SiteBase, ...]
+    rows: dict[str, SiteRow]
+
+
+def ordered_sites(snapshot: Snapshot, memory: CycleMemory, config: Config, now: float,
+                  pending: Sequence[Pilot]) -> Ordered:
+    """Every site's lead, cost and row, in placement order (what plan() and the
+    allocations' plan both start from)."""
+    leads = site_leads(snapshot, memory, config, now, pending)
+    costs = costs_of(leads, config)
+    # stable: config order; a tuple, so that matching reads the sites' limits once
+    order = tuple(sorted(config.sites, key=lambda s: costs[s.name]))
+    rows = site_rows(snapshot, memory, config, pending)
+    return Ordered(leads, costs, order, {s.name: rows[s.name] for s in order})

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from provisioner.config import Config, SiteBase
 from provisioner.decide.budget import Budget, budgets
 from provisioner.decide.budget_why import GroupWait, group_waits
-from provisioner.decide.capacity import SiteRow, add_capacity, fill_existing, site_rows
+from provisioner.decide.capacity import SiteRow, add_capacity, fill_existing, ordered_sites
 from provisioner.decide.groups import (
     Lanes,
     build_lanes,
@@ -40,7 +40,7 @@ from provisioner.decide.groups import (
 from provisioner.decide.matching import Row, ShapeMatches, match_demand
 from provisioner.decide.newpilots import fill_new, submissions
 from provisioner.decide.packing import BinGroup, Item
-from provisioner.decide.placement import costs_of, site_leads, slow_pending
+from provisioner.decide.placement import slow_pending
 from provisioner.decide.reasons import Reason
 from provisioner.decide.reserve import reserve_lead, reserve_rows
 from provisioner.decide.scaledown import pilot_actions
@@ -147,11 +147,8 @@ def _place(snapshot: Snapshot, memory: CycleMemory, config: Config, now: float,
     """Stages 1-4: the lanes, existing capacity, demand and reserve into it and into new
     pilots; and the sites in placement order."""
     pending = states[PilotState.PENDING]
-    leads = site_leads(snapshot, memory, config, now, pending)
-    costs = costs_of(leads, config)
-    order = tuple(sorted(config.sites, key=lambda s: costs[s.name]))
-    per_site = site_rows(snapshot, memory, config, pending)
-    per_site = {s.name: per_site[s.name] for s in order}
+    ordered = ordered_sites(snapshot, memory, config, now, pending)
+    leads, costs, order, per_site = ordered.leads, ordered.costs, ordered.order, ordered.rows
     books = budgets(config, snapshot, now, memory.stopped_allocations)
     lanes = build_lanes(per_site, books, snapshot.pilots)
     can_submit = [name for name in per_site

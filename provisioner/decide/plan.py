@@ -41,6 +41,7 @@ from provisioner.decide.capacity import (
     add_capacity,
     fill_existing,
     mark_bound,
+    ordered_sites,
     site_rows,
 )
 from provisioner.decide.group_plan import plan_groups
@@ -63,8 +64,6 @@ from provisioner.decide.packing import (
     Item,
 )
 from provisioner.decide.placement import (
-    costs_of,
-    site_leads,
     slow_pending,
 )
 from provisioner.decide.reserve import reserve_lead, reserve_rows, reserve_size
@@ -121,12 +120,8 @@ def _plan(snapshot: Snapshot, memory: CycleMemory, config: Config, now: float) -
         return Plan(actions=())
     states = by_state(snapshot.pilots)  # several stages read only some states
     pending = states[PilotState.PENDING]
-    leads = site_leads(snapshot, memory, config, now, pending)
-    costs = costs_of(leads, config)
-    # stable: config order; a tuple, so that matching reads the sites' limits once
-    order = tuple(sorted(config.sites, key=lambda s: costs[s.name]))
-    sites = site_rows(snapshot, memory, config, pending)
-    sites = {s.name: sites[s.name] for s in order}
+    ordered = ordered_sites(snapshot, memory, config, now, pending)
+    leads, costs, order, sites = ordered.leads, ordered.costs, ordered.order, ordered.rows
     # pending pilots a new one elsewhere would beat: no capacity (their jobs are placed
     # anew, once: the new pilots are capacity themselves), kept while demand they could
     # run is queued

@@ -20,6 +20,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import provisioner.decide.capacity as capacity_module
 import provisioner.decide.matching as matching
 import provisioner.decide.placement as placement
 import provisioner.decide.plan as plan_module
@@ -227,9 +228,9 @@ def reference_plan(snapshot: Snapshot, memory: CycleMemory, config: Config, now:
             (plan_module, "fill_new", ref_fill_new),
             (matching, "fitting_sites", ref_fitting_sites),
             (plan_module, "ShapeMatches", RefMatches),
-            (plan_module, "site_leads", ref_site_leads),
+            (capacity_module, "site_leads", ref_site_leads),
             (plan_module, "slow_pending", ref_slow_pending),
-            (plan_module, "site_rows", ref_site_rows),
+            (capacity_module, "site_rows", ref_site_rows),
             (plan_module, "pilot_actions", ref_pilot_actions),
         ):
             stack.enter_context(mock.patch.object(module, name, ref))
