@@ -213,3 +213,27 @@ def test_a_spent_allocation_waits_and_says_why(
                user="provisioner").stdout
     assert "Allocations (this period)" in text and "DIFFERENCE" in text, text
     assert htcondor.Schedd().query(f"ClusterId == {a_job}", ["JobStatus"])[0]["JobStatus"] == 1
+
+
+def test_a_pilot_that_would_cross_the_line_is_not_submitted(
+        accounting: None, started: Callable[..., Service]) -> None:
+    """gsi's alloc-a is group_a's only grant, with 0.5 core-h left: less than the worst
+    case of its smallest pilot (1 core for its 1 h walltime), though not nothing. No
+    pilot is sent; a rule that only asked whether anything is left would send one (and
+    SLURM, whose grant says the same, would hold it pending)."""
+    sacctmgr("gsi", "modify", "account", "name=alloc-a", "set", "GrpTRESMins=cpu=30")
+
+    def only_gsi_serves_a(data: dict[str, Any]) -> None:
+        budgets(gsi_a=0.5, fra_a=1.0, b=50.0)(data)
+        for s in data["sites"]:
+            if s["name"] == "frankfurt":
+                s["allocations"] = [a for a in s["allocations"] if a["name"] != "alloc-a"]
+    t0 = time.time()
+    service = started(only_gsi_serves_a)
+    job = submit_group("alloc-line-a", "group_a", 1)
+    text = until(job, r"allocations of group group_a", 120)
+    print(f"--- why {job} ---\n{text}")
+    # several cycles with the job idle and the grant open, not a single one
+    wait_for("5 cycles", lambda: len(service.cycles()) >= 5, 120, step=2)
+    assert pilots_charged("gsi", "alloc-a", t0) == []
+    assert htcondor.Schedd().query(f"ClusterId == {job}", ["JobStatus"])[0]["JobStatus"] == 1
